@@ -1,0 +1,122 @@
+"""Settings objects: every limit and timing in one place, each with a sane default.
+
+Value objects in the style of httpx's ``Limits``/``Timeout``: frozen, validated, with a readable
+repr, so a deployment can log exactly what it runs with. docs/operations.md explains each one and
+what a user sees when it is reached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from .buffers import PoolConfig
+
+
+def _check_positive(obj: object) -> None:
+    for f in fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            raise ValueError(f"{type(obj).__name__}.{f.name} must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-session and per-server limits; each refusal carries a protocol code.
+
+    >>> Limits(max_subscriptions=50).max_subscriptions
+    50
+    """
+
+    max_inbound_frame: int = 256 * 1024
+    """Largest client frame accepted (WebSocket message or long-poll POST body): GOODBYE 5 / 413."""
+    max_inflated: int = 1024 * 1024
+    """Largest payload a COMPRESSED client message may inflate to: refused with code 5."""
+    max_subscriptions: int = 1000
+    """Subscriptions one session may hold: REJECTED code 6."""
+    max_sessions: int = 100_000
+    """Sessions alive at once (connected or awaiting resume): GOODBYE 6 + close 1013 / HTTP 503."""
+    max_topic_name: int = 256
+    """Bytes in a topic or method name: REJECTED / RESULT error code 5."""
+    max_calls_in_flight: int = 64
+    """Unanswered CALLs per session: RESULT error code 6."""
+    max_topics: int = 1_000_000
+    """Shared topics alive at once; publishing a new topic past it raises ``ProtocolError`` 6."""
+    max_direct_queue: int = 10_000
+    """Direct messages (RESULT, SUBSCRIBED, GAP, ...) waiting for one session: GOODBYE 7."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Timeouts and cadences, in seconds."""
+
+    session_timeout: float = 30.0
+    """How long a session outlives its connection, waiting to be resumed."""
+    heartbeat: float = 15.0
+    """Announced in WELCOME; a connection silent for twice this is closed."""
+    poll_timeout: float = 25.0
+    """How long a long-poll GET waits for data before answering 204."""
+    shutdown_drain: float = 5.0
+    """How long graceful shutdown waits for in-flight frames after GOODBYE 9."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self)
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """The slow-client rules of the large-messages source document.
+
+    A write that cannot complete at once is a *blocked write*. Each one counts as a failed send;
+    the session is then held back for ``failed_sends / blocked_writer_scaler * slot`` seconds
+    before it is scheduled again, and the count resets after ``failed_send_reset`` seconds
+    without a blocked write. A session that stays blocked for ``max_blocked`` is ended with
+    GOODBYE 7 (slow consumer).
+    """
+
+    slot: float = 0.010
+    blocked_writer_scaler: int = 1
+    failed_send_reset: float = 1.0
+    max_blocked: float = 10.0
+    blocked_after: float = 0.050
+    """A frame still being written after this long counts as a blocked write."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self)
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """NAK-based adaptive rate control (flow control source document, protocol.md section 8).
+
+    A NAK(fill) lowers the session's frame rate: its minimum interval between frames becomes
+    ``base_interval * 2 ** (strength)`` where strength is 1, 2, 3, 4 for 50, 75, 87 and 100 %
+    (the strongest NAK within ``window`` wins). Each ``recover_step`` seconds without a NAK halves
+    the interval until it is back to zero (unlimited).
+    """
+
+    base_interval: float = 0.010
+    window: float = 0.050
+    recover_step: float = 0.100
+
+    def __post_init__(self) -> None:
+        _check_positive(self)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a ``Rubris`` instance runs with."""
+
+    limits: Limits = field(default_factory=Limits)
+    timing: Timing = field(default_factory=Timing)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    writer: WriterConfig = field(default_factory=WriterConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    compress_at: int | None = 512
+    """Default for channels that do not set their own; None turns compression off."""
+    ring_size: int = 64
+    """Default ring length for ring channels."""
+    private_queue: int = 1024
+    """Default capacity of a private queue (unsent plus sent-but-unacknowledged)."""

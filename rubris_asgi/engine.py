@@ -1,0 +1,356 @@
+"""The sans-IO engine: sessions, topics and the operations on them, around one ``Scheduler``.
+
+Transports call into it (open/attach/detach a session, subscribe, ACK, ...); the application
+publishes into it; the scheduler's cycle drains it into frames. Nothing here awaits or touches a
+socket, so every rule can be tested by calling methods and reading the frames a fake transport
+receives.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from .buffers import FrameBuffer, WriterPool
+from .compression import Compression, Compressor
+from .config import Config
+from .errors import ErrorCode, MessageTooLarge, ProtocolError, QueueFull, SessionClosed
+from .protocol import Codec, Goodbye, Mode, Rejected, Subscribed, Unsubscribed, encode
+from .scheduler import Scheduler
+from .session import FrameSink, Session, SessionState
+from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
+
+
+def new_epoch() -> int:
+    """A fresh epoch: random, so numbering from a restarted server is never mistaken."""
+    return secrets.randbits(48) or 1
+
+
+def encode_payload(value: Any, codec: int) -> bytes:
+    """The payload bytes of ``value`` for a topic's codec.
+
+    ``bytes`` pass as they are (raw data, or JSON the application encoded itself); ``str`` on a
+    text topic is UTF-8; anything else is JSON through orjson.
+    """
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if codec == Codec.TEXT and isinstance(value, str):
+        return value.encode()
+    if codec == Codec.BYTES:
+        raise TypeError(f"a bytes topic takes bytes, got {type(value).__name__}")
+    return orjson.dumps(value)
+
+
+class Engine:
+    """Sessions, shared topics and private queues, driven by one scheduler."""
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        compressor: Compressor | None = None,
+    ) -> None:
+        self.config = config or Config()
+        self.clock = clock
+        self.pool = WriterPool(self.config.pool)
+        self.compression = Compression(compressor)
+        self.scheduler = Scheduler(self.pool, clock)
+        self.topics: dict[str, SharedTopic] = {}
+        self.sessions: dict[str, Session] = {}
+        self._numbers = itertools.count(1)
+        self.on_session_end: Callable[[Session], None] | None = None
+
+    # sessions
+
+    def open_session(self, user: Any = None) -> Session:
+        """A new session; its id and resume secret are 128 random bits each."""
+        if len(self.sessions) >= self.config.limits.max_sessions:
+            raise ProtocolError("too many sessions on this server", ErrorCode.TOO_MANY)
+        sid = secrets.token_urlsafe(16)
+        s = Session(sid, f"{sid}.{secrets.token_urlsafe(16)}", user)
+        self.sessions[sid] = s
+        return s
+
+    def find_resumable(self, token: str, user: Any = None) -> Session | None:
+        """The live session this resume token names, if it belongs to ``user``.
+
+        The secret half is compared in constant time; a token of another user finds nothing.
+        """
+        sid, _, _secret = token.partition(".")
+        s = self.sessions.get(sid)
+        if s is None or s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
+            return None
+        if not hmac.compare_digest(s.resume_token.encode(), token.encode()):
+            return None
+        if s.user != user:
+            return None
+        return s
+
+    def attach(self, s: Session, sink: FrameSink, *, ready: bool = True) -> None:
+        """Bind a connection to ``s``; private messages in flight are sent again."""
+        s.sink = sink
+        s.state = SessionState.CONNECTED
+        s.ready = ready
+        for sub in s.subs.values():
+            if isinstance(sub, PrivateSub) and sub.unacked:
+                sub.rewind()
+                s.pending[sub] = None
+        if s.has_work():
+            self.scheduler.client_pending(s)
+
+    def detach(self, s: Session) -> None:
+        """The connection is gone; the session waits for a resume until the timeout."""
+        s.sink = None
+        s.ready = False
+        if s.state is SessionState.CONNECTED:
+            s.state = SessionState.DETACHED
+        s.detached_at = self.clock()
+
+    def set_ready(self, s: Session) -> None:
+        """The transport can take a frame now (a poll arrived, a write completed)."""
+        if s.state is SessionState.CLOSED:
+            return
+        s.ready = True
+        if s.has_work():
+            self.scheduler.client_pending(s)
+
+    def frame_done(self, s: Session, lease: FrameBuffer) -> None:
+        """The transport finished writing a frame: return its lease, serve the session again."""
+        self.pool.release(lease)
+        if s.sink is not None:
+            self.set_ready(s)
+
+    def close_session(self, s: Session, code: int, reason: str) -> None:
+        """Queue GOODBYE as the session's last message; the transport closes after it."""
+        if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
+            return
+        s.direct.clear()
+        s.pending.clear()
+        s.direct.append(encode(Goodbye(code, reason)))
+        s.state = SessionState.CLOSING
+        self.scheduler.client_pending(s)
+
+    def end_session(self, s: Session) -> None:
+        """Forget ``s``: unsubscribe everything, fail waiting private senders."""
+        if s.state is SessionState.CLOSED:
+            return
+        s.state = SessionState.CLOSED
+        s.ready = False
+        s.sink = None
+        for sub in list(s.subs.values()):
+            self._drop_sub(s, sub)
+        s.direct.clear()
+        s.pending.clear()
+        self.sessions.pop(s.id, None)
+        if self.on_session_end is not None:
+            self.on_session_end(s)
+
+    def expire(self) -> list[Session]:
+        """End detached sessions past the session timeout; returns them."""
+        deadline = self.clock() - self.config.timing.session_timeout
+        gone = [
+            s
+            for s in self.sessions.values()
+            if s.state is SessionState.DETACHED and s.detached_at <= deadline
+        ]
+        for s in gone:
+            self.end_session(s)
+        return gone
+
+    # direct messages
+
+    def direct(self, s: Session, msg: bytes) -> None:
+        """Queue an encoded direct message (RESULT, STREAM, SUBSCRIBED, ...) for ``s``."""
+        if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
+            return
+        if len(s.direct) >= self.config.limits.max_direct_queue:
+            self.close_session(s, ErrorCode.SLOW_CONSUMER, "direct queue full")
+            return
+        self.pool.check_size(len(msg))
+        s.direct.append(msg)
+        self.scheduler.client_pending(s)
+
+    # shared topics
+
+    def topic(
+        self,
+        name: str,
+        mode: int,
+        *,
+        ring: int | None = None,
+        codec: int = Codec.JSON,
+        compress_at: int | None = None,
+    ) -> SharedTopic:
+        """The shared topic ``name``, created on first use."""
+        t = self.topics.get(name)
+        if t is not None:
+            return t
+        if len(self.topics) >= self.config.limits.max_topics:
+            raise ProtocolError("too many topics on this server", ErrorCode.TOO_MANY)
+        t = SharedTopic(
+            name,
+            next(self._numbers),
+            mode,
+            epoch=new_epoch(),
+            codec=codec,
+            ring=ring or self.config.ring_size,
+            compress_at=compress_at,
+            on_dirty=self.scheduler.topic_dirty,
+        )
+        self.topics[name] = t
+        return t
+
+    def publish(self, t: SharedTopic, value: Any) -> int:
+        """Publish to a shared topic: encode and compress once, O(1); returns the seq.
+
+        Raises ``MessageTooLarge`` (nothing stored, nothing sent) over the pool's maximum.
+        """
+        payload = encode_payload(value, t.codec)
+        data, compressed = self.compression.maybe_compress(payload, t.compress_at)
+        # the PUSH header is at most ~25 bytes; checking the payload against the maximum minus
+        # that keeps a message that passes here from being refused when it is written
+        self.pool.check_size(len(data) + 32)
+        return t.publish(data, compressed)
+
+    def subscribe(self, s: Session, t: SharedTopic, req: int, epoch: int, since: int) -> Sub:
+        """Subscribe ``s`` to ``t``: SUBSCRIBED now, then the snapshot or the ring replay.
+
+        With ``epoch`` equal to the topic's and ``since`` > 0 a ring replays what it still holds
+        after ``since`` (the cycle emits a GAP first for what it lost); ``recovered`` says
+        whether that replay is complete.
+        """
+        sub = s.subs.get(t.number)
+        if sub is None:
+            self._check_room(s)
+            sub = Sub(s, t, t.number, t.mode)
+            s.subs[t.number] = sub
+            s.names[t.name] = sub
+            t.subs[sub] = None
+        recovered = False
+        same_epoch = since > 0 and epoch == t.epoch and since <= t.seq
+        if t.mode == SNAPSHOT:
+            # conflation is not loss: the latest value is a complete recovery
+            sub.cursor = since if same_epoch else 0
+            recovered = same_epoch
+        elif t.mode == RING:
+            if same_epoch:
+                sub.cursor = since + 1
+                recovered = since + 1 >= t.oldest
+            else:
+                sub.cursor = t.seq + 1
+        self.direct(
+            s,
+            encode(Subscribed(req, t.number, t.mode, t.codec, t.epoch, t.seq, recovered, t.name)),
+        )
+        if sub.has_more():
+            s.pending[sub] = None
+            self.scheduler.client_pending(s)
+        return sub
+
+    # private topics
+
+    def subscribe_private(
+        self,
+        s: Session,
+        name: str,
+        req: int,
+        *,
+        capacity: int | None = None,
+        batch: int = 1,
+        codec: int = Codec.JSON,
+        compress_at: int | None = None,
+    ) -> PrivateSub:
+        """Open (or confirm) the session's own lossless topic ``name``."""
+        sub = s.names.get(name)
+        if sub is None:
+            self._check_room(s)
+            sub = PrivateSub(
+                s,
+                name,
+                next(self._numbers),
+                epoch=new_epoch(),
+                capacity=capacity or self.config.private_queue,
+                batch=batch,
+                codec=codec,
+                compress_at=compress_at,
+            )
+            s.subs[sub.number] = sub
+            s.names[name] = sub
+        if not isinstance(sub, PrivateSub):
+            raise ProtocolError(f"{name!r} is not a private topic", ErrorCode.UNKNOWN)
+        self.direct(
+            s,
+            encode(Subscribed(req, sub.number, Mode.PRIVATE, sub.codec, sub.epoch, sub.seq, False, name)),
+        )
+        return sub
+
+    def private_for(self, s: Session, name: str) -> PrivateSub:
+        sub = s.names.get(name)
+        if not isinstance(sub, PrivateSub):
+            raise ProtocolError(f"session has no private topic {name!r}", ErrorCode.UNKNOWN)
+        return sub
+
+    def send_nowait(self, s: Session, q: PrivateSub, value: Any) -> int:
+        """Queue one private message; raises ``QueueFull`` at capacity, never waits."""
+        if s.state is SessionState.CLOSED:
+            raise SessionClosed(f"session {s.id[:8]}… has ended")
+        if q.full():
+            raise QueueFull(f"private topic {q.name!r} is full ({q.capacity} unacknowledged)")
+        payload = encode_payload(value, q.codec)
+        data, compressed = self.compression.maybe_compress(payload, q.compress_at)
+        self.pool.check_size(len(data) + 32)
+        seq = q.put(data, compressed)
+        if s.sink is not None or s.state is SessionState.DETACHED:
+            s.pending[q] = None
+            self.scheduler.client_pending(s)
+        return seq
+
+    def ack(self, s: Session, number: int, upto: int) -> None:
+        sub = s.subs.get(number)
+        if isinstance(sub, PrivateSub):
+            sub.ack(upto)
+
+    # unsubscribe
+
+    def unsubscribe(self, s: Session, number: int, code: int = 0, reason: str = "") -> bool:
+        """Drop one subscription and tell the client (UNSUBSCRIBED); False if unknown."""
+        sub = s.subs.get(number)
+        if sub is None:
+            return False
+        self._drop_sub(s, sub)
+        self.direct(s, encode(Unsubscribed(number, code, reason)))
+        return True
+
+    def reject(self, s: Session, req: int, code: int, reason: str) -> None:
+        self.direct(s, encode(Rejected(req, code, reason)))
+
+    def _drop_sub(self, s: Session, sub: Sub) -> None:
+        s.subs.pop(sub.number, None)
+        name = sub.topic.name if sub.topic is not None else getattr(sub, "name", "")
+        if s.names.get(name) is sub:
+            del s.names[name]
+        s.pending.pop(sub, None)
+        if sub.topic is not None:
+            sub.topic.subs.pop(sub, None)
+        if isinstance(sub, PrivateSub):
+            while sub.waiters:
+                sub.waiters.popleft()()
+
+    def _check_room(self, s: Session) -> None:
+        if len(s.subs) >= self.config.limits.max_subscriptions:
+            raise ProtocolError(
+                f"too many subscriptions (limit {self.config.limits.max_subscriptions})",
+                ErrorCode.TOO_MANY,
+            )
+
+
+__all__ = ["Engine", "MessageTooLarge", "encode_payload", "new_epoch"]

@@ -1,0 +1,87 @@
+"""The exceptions rubris_asgi raises, and the protocol error codes they carry.
+
+Tree::
+
+    RubrisError
+    ├── ProtocolError          malformed or refused wire input; carries an ErrorCode
+    ├── MessageTooLarge        a publish over the configured maximum (code 5)
+    ├── QueueFull              send_nowait() on a private queue at capacity
+    ├── SessionClosed          sending to a session that has ended
+    ├── RegistrationClosed     registering a channel or method after start-up
+    └── Reject                 raised by application handlers to refuse (code 10)
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    """Error codes of protocol.md section 9."""
+
+    PROTOCOL = 1
+    UNSUPPORTED_VERSION = 2
+    UNKNOWN = 3
+    NOT_AUTHORISED = 4
+    TOO_LARGE = 5
+    TOO_MANY = 6
+    SLOW_CONSUMER = 7
+    SESSION_EXPIRED = 8
+    SHUTTING_DOWN = 9
+    REJECTED = 10
+
+
+class RubrisError(Exception):
+    """Base class of every error rubris_asgi raises on purpose."""
+
+
+class ProtocolError(RubrisError):
+    """Wire input that cannot be accepted.
+
+    ``code`` is the protocol error code to send back (GOODBYE, REJECTED or an
+    HTTP 400/413 body); ``str(err)`` says what was expected and what came.
+    """
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.PROTOCOL) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def __repr__(self) -> str:
+        return f"ProtocolError({str(self)!r}, code={self.code.name})"
+
+
+class MessageTooLarge(RubrisError):
+    """A message is larger than the writer pool's maximum; it was not sent to anyone."""
+
+    code = ErrorCode.TOO_LARGE
+
+
+class QueueFull(RubrisError):
+    """``send_nowait`` found the session's private queue for that topic at capacity."""
+
+    code = ErrorCode.TOO_MANY
+
+
+class SessionClosed(RubrisError):
+    """The session has ended; nothing more can be sent to it."""
+
+    code = ErrorCode.SESSION_EXPIRED
+
+
+class RegistrationClosed(RubrisError):
+    """Channels and methods must be registered before the app starts."""
+
+
+class Reject(RubrisError):
+    """Raised by a subscribe or call handler to refuse with the application's own reason.
+
+    >>> raise Reject("unknown symbol")  # doctest: +SKIP
+
+    The client receives REJECTED (or a RESULT with status 1) with code 10 and this reason.
+    ``code`` may be set to another protocol code, e.g. ``ErrorCode.NOT_AUTHORISED``.
+    """
+
+    def __init__(self, reason: str, code: ErrorCode = ErrorCode.REJECTED) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code

@@ -1,0 +1,297 @@
+"""The cycle: coalesced, fair batches (the batching source document), in one place.
+
+One publish reaching a thousand sockets::
+
+    publish(topic, value)        encode + compress once; topic.publish() stores the PUSH bytes
+        │                        and, once per cycle however many publishes, marks it dirty
+        ▼
+    run_cycle()  1. fan-out      each dirty topic's subscriptions join their session's ordered
+                                 pending set; each such session joins the pending-client list
+                 2. timers       sessions whose penalty or NAK hold has passed re-join the list
+                 3. serve        for each pending session that is READY: lease a buffer, take
+                                 the direct queue first, then one message per pending topic
+                                 (private topics: up to their batch depth); topics with more
+                                 waiting rotate behind the ones not reached; stop when the
+                                 buffer is full; hand the frame to the transport (never awaited)
+
+A cycle's cost is (sessions with work) × (their pending topics) plus the subscriptions of the
+topics that changed; it never walks all connected sessions or all subscriptions. ``publish`` does
+no fan-out. Clients that share a topic all get its message in the same cycle, because each
+session takes at most one message per topic per cycle (no greedy draining that would let one
+client race ahead of another: the source document's skew argument).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .buffers import FrameBuffer, SizeClass, WriterPool
+from .protocol import Gap, encode
+from .session import Session, SessionState
+from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
+
+
+@dataclass
+class CycleStats:
+    """Counters since start; ``Rubris.stats()`` exposes them."""
+
+    cycles: int = 0
+    frames: int = 0
+    messages: int = 0
+    bytes: int = 0
+    deferred: int = 0
+    """Messages that did not fit the frame after others and waited for the next cycle."""
+    exhausted: int = 0
+    """Sessions skipped in a cycle because the writer pool had no lease free."""
+    gaps: int = 0
+
+
+BLOCK = SizeClass.BLOCK
+"""A message too large for a block goes out alone in a larger buffer (protocol.md section 5)."""
+
+
+def _noop() -> None:
+    return None
+
+
+class Scheduler:
+    """Pending sets and the cycle. Sans-IO: ``run_cycle()`` is a plain function call."""
+
+    def __init__(self, pool: WriterPool, clock: Callable[[], float]) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.dirty: list[SharedTopic] = []
+        self.clients: list[Session] = []
+        self.timers: list[tuple[float, int, Session]] = []
+        self._tie = itertools.count()
+        self.stats = CycleStats()
+        self.wake: Callable[[], None] = _noop
+        """Set by the async runner: called when work arrives while it sleeps."""
+        self.idle = False
+
+    # notifications (O(1), coalesced)
+
+    def topic_dirty(self, topic: SharedTopic) -> None:
+        self.dirty.append(topic)
+        if self.idle:
+            self.idle = False
+            self.wake()
+
+    def client_pending(self, s: Session) -> None:
+        if not s.queued and not s.held:
+            s.queued = True
+            self.clients.append(s)
+            if self.idle:
+                self.idle = False
+                self.wake()
+
+    def hold(self, s: Session, until: float) -> None:
+        """Keep ``s`` out of the cycles until ``until`` (penalty, NAK pacing)."""
+        if until > s.hold_until:
+            s.hold_until = until
+        if not s.held:
+            s.held = True
+            heapq.heappush(self.timers, (s.hold_until, next(self._tie), s))
+
+    def has_work(self) -> bool:
+        return bool(self.dirty or self.clients)
+
+    def next_timer(self) -> float | None:
+        return self.timers[0][0] if self.timers else None
+
+    # the cycle
+
+    def run_cycle(self) -> int:
+        """Run one cycle; returns the number of frames handed to transports."""
+        now = self.clock()
+        stats = self.stats
+        stats.cycles += 1
+        clients = self.clients
+
+        dirty = self.dirty
+        if dirty:
+            self.dirty = []
+            for t in dirty:
+                t.dirty = False
+                for sub in t.subs:
+                    s: Session = sub.session  # type: ignore[assignment]
+                    s.pending[sub] = None
+                    if not s.queued and not s.held:
+                        s.queued = True
+                        clients.append(s)
+
+        timers = self.timers
+        while timers and timers[0][0] <= now:
+            _, _, s = heapq.heappop(timers)
+            s.held = False
+            if s.hold_until > now:  # the hold was extended after this timer was set
+                self.hold(s, s.hold_until)
+            elif not s.queued and s.has_work():
+                s.queued = True
+                clients.append(s)
+
+        self.clients = []
+        frames = 0
+        for s in clients:
+            s.queued = False
+            if not s.ready or s.state is SessionState.CLOSED:
+                continue  # the transport re-queues it when it can take a frame
+            if s.hold_until > now:
+                self.hold(s, s.hold_until)
+                continue
+            if self._serve(s):
+                frames += 1
+        stats.frames += frames
+        return frames
+
+    def _serve(self, s: Session) -> bool:
+        """Build and hand over one frame for ``s``; the hot path of the whole engine."""
+        parts: list[bytes] = []
+        append = parts.append
+        size = 0
+        cap = 0
+        lease: FrameBuffer | None = None
+        full = False
+
+        direct = s.direct
+        while direct:
+            m = direct[0]
+            n = len(m)
+            if size + n > cap:
+                if size:
+                    full = True
+                    break
+                lease = self.pool.acquire(n)
+                if lease is None:
+                    return self._exhausted(s)
+                cap = lease.capacity if lease.size_class is BLOCK else n
+            direct.popleft()
+            append(m)
+            size += n
+
+        pend = s.pending
+        if pend and not full:
+            nxt: dict[Sub, None] = {}
+            busy: list[Sub] = []
+            it = iter(pend)
+            for sub in it:
+                mode = sub.mode
+                if mode == SNAPSHOT:
+                    t = sub.topic
+                    seq = t.seq  # type: ignore[union-attr]
+                    if seq == sub.cursor:
+                        continue
+                    m = t.msg  # type: ignore[union-attr]
+                    n = len(m)
+                    if size + n > cap:
+                        if size:
+                            nxt[sub] = None
+                            full = True
+                            break
+                        lease = self.pool.acquire(n)
+                        if lease is None:
+                            nxt[sub] = None
+                            full = True
+                            break
+                        cap = lease.capacity if lease.size_class is BLOCK else n
+                    append(m)
+                    size += n
+                    sub.cursor = seq
+                elif mode == RING:
+                    t = sub.topic
+                    c = sub.cursor
+                    head = t.seq  # type: ignore[union-attr]
+                    if c > head:
+                        continue
+                    m = t.ring[c % t.cap]  # type: ignore[union-attr]
+                    oldest = head - t.cap + 1  # type: ignore[union-attr]
+                    if c < oldest:
+                        # lapped: name exactly what is lost, then carry on from the oldest held
+                        m = encode(Gap(sub.number, c, oldest - c)) + t.ring[oldest % t.cap]  # type: ignore[union-attr]
+                        self.stats.gaps += 1
+                        c = oldest
+                    n = len(m)
+                    if size + n > cap:
+                        if size:
+                            nxt[sub] = None
+                            full = True
+                            break
+                        lease = self.pool.acquire(n)
+                        if lease is None:
+                            nxt[sub] = None
+                            full = True
+                            break
+                        cap = lease.capacity if lease.size_class is BLOCK else n
+                    append(m)
+                    size += n
+                    sub.cursor = c + 1
+                    if c < head:
+                        busy.append(sub)
+                else:
+                    q: PrivateSub = sub  # type: ignore[assignment]
+                    unsent = q.unsent
+                    unacked = q.unacked
+                    k = q.batch
+                    while unsent and k:
+                        item = unsent[0]
+                        m = item[1]
+                        n = len(m)
+                        if size + n > cap:
+                            if size:
+                                full = True
+                                break
+                            lease = self.pool.acquire(n)
+                            if lease is None:
+                                full = True
+                                break
+                            cap = lease.capacity if lease.size_class is BLOCK else n
+                        unsent.popleft()
+                        unacked.append(item)
+                        append(m)
+                        size += n
+                        k -= 1
+                    if full:
+                        nxt[sub] = None
+                        break
+                    if unsent:
+                        busy.append(sub)
+            if full:
+                self.stats.deferred += 1
+                # not reached this cycle: first in line next cycle, in their order
+                for sub in it:
+                    nxt[sub] = None
+            for sub in busy:
+                nxt[sub] = None
+            s.pending = nxt
+
+        if not parts:
+            if lease is not None:
+                self.pool.release(lease)
+            if s.has_work():  # the pool had no lease for the first message
+                self._exhausted(s)
+            return False
+        assert lease is not None
+        lease.size = size
+        frame = parts[0] if len(parts) == 1 else b"".join(parts)
+        stats = self.stats
+        stats.messages += len(parts)
+        stats.bytes += size
+        s.ready = False
+        s.frames += 1
+        sink = s.sink
+        if sink is None:  # detached between readiness and now: keep nothing half-done
+            self.pool.release(lease)
+            return False
+        sink.send_frame(frame, lease)
+        return True
+
+    def _exhausted(self, s: Session) -> bool:
+        # every lease is out: try again next cycle, nothing taken from the session
+        self.stats.exhausted += 1
+        if not s.queued:
+            s.queued = True
+            self.clients.append(s)
+        return False

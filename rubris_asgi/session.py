@@ -1,0 +1,113 @@
+"""A client session: what it holds, what is waiting for it, and whether it can take a frame.
+
+Sessions outlive connections: a WebSocket that drops leaves its session *detached* for the
+session timeout, so a reconnect with the resume token finds its subscriptions, ring cursors and
+private queues as they were.
+
+Readiness is the transport's word: a WebSocket session is ready when no frame of its is still
+being written; a long-poll session is ready while a poll is waiting. The scheduler only serves
+ready sessions, so a slow socket never holds a cycle.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from enum import Enum
+from typing import Any, Protocol
+
+from .buffers import FrameBuffer
+from .topics import PrivateSub, Sub
+
+
+class SessionState(Enum):
+    CONNECTED = "connected"
+    DETACHED = "detached"
+    """No connection; waiting for a resume until the session timeout."""
+    CLOSING = "closing"
+    """GOODBYE queued; the transport closes after sending it."""
+    CLOSED = "closed"
+
+
+class FrameSink(Protocol):
+    """What a transport offers the scheduler: take one frame, never block.
+
+    The transport owns the frame until it is written, then calls ``Engine.frame_done`` with the
+    lease, which releases the lease and makes the session ready again.
+    """
+
+    def send_frame(self, frame: bytes, lease: FrameBuffer) -> None: ...
+
+
+class Session:
+    """One client's state in the engine (sans-IO: no sockets, no tasks)."""
+
+    __slots__ = (
+        "id",
+        "resume_token",
+        "user",
+        "state",
+        "subs",
+        "names",
+        "direct",
+        "pending",
+        "queued",
+        "ready",
+        "sink",
+        "hold_until",
+        "held",
+        "failed_sends",
+        "last_failed",
+        "blocked_since",
+        "nak_interval",
+        "nak_fill",
+        "nak_at",
+        "calls",
+        "detached_at",
+        "frames",
+        "data",
+        "__weakref__",
+    )
+
+    def __init__(self, session_id: str, resume_token: str, user: Any = None) -> None:
+        self.id = session_id
+        self.resume_token = resume_token
+        self.user = user
+        self.state = SessionState.DETACHED
+        self.subs: dict[int, Sub] = {}
+        """Subscriptions by topic number."""
+        self.names: dict[str, Sub] = {}
+        """Subscriptions by topic name."""
+        self.direct: deque[bytes] = deque()
+        """Encoded RESULT/STREAM/SUBSCRIBED/... messages, sent first, in order."""
+        self.pending: dict[Sub, None] = {}
+        """Subscriptions with something to send: an ordered set, so repeats coalesce."""
+        self.queued = False
+        """In the scheduler's pending-client list (coalesces repeated notifications)."""
+        self.ready = False
+        self.sink: FrameSink | None = None
+        self.hold_until = 0.0
+        """Not served before this time: the slow-client penalty or NAK pacing."""
+        self.held = False
+        """A timer to re-queue this session is set."""
+        self.failed_sends = 0
+        self.last_failed = 0.0
+        self.blocked_since = 0.0
+        self.nak_interval = 0.0
+        self.nak_fill = 0
+        self.nak_at = 0.0
+        self.calls: set[int] = set()
+        """Call ids in flight."""
+        self.detached_at = 0.0
+        self.frames = 0
+        self.data: dict[str, Any] = {}
+        """Free for the application (e.g. per-session state of handlers)."""
+
+    def has_work(self) -> bool:
+        return bool(self.direct) or bool(self.pending)
+
+    def private(self, name: str) -> PrivateSub | None:
+        sub = self.names.get(name)
+        return sub if isinstance(sub, PrivateSub) else None
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id[:8]}… {self.state.value} subs={len(self.subs)}>"

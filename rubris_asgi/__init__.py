@@ -1,0 +1,48 @@
+"""rubris_asgi: a push-messaging engine for ASGI apps.
+
+Fair, coalesced batches over WebSocket and HTTP long-poll, with per-message deflate, pooled
+outbound buffers and lossless private queues. See docs/ for the guide.
+"""
+
+from .app import Rubris, Stats
+from .buffers import PoolConfig
+from .compression import Compressor, Decompressor
+from .config import Config, FlowConfig, Limits, Timing, WriterConfig
+from .errors import (
+    ErrorCode,
+    MessageTooLarge,
+    ProtocolError,
+    QueueFull,
+    RegistrationClosed,
+    Reject,
+    RubrisError,
+    SessionClosed,
+)
+from .protocol import Codec, Mode
+from .session import Session
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Codec",
+    "Compressor",
+    "Config",
+    "Decompressor",
+    "ErrorCode",
+    "FlowConfig",
+    "Limits",
+    "MessageTooLarge",
+    "Mode",
+    "PoolConfig",
+    "ProtocolError",
+    "QueueFull",
+    "RegistrationClosed",
+    "Reject",
+    "Rubris",
+    "RubrisError",
+    "Session",
+    "SessionClosed",
+    "Stats",
+    "Timing",
+    "WriterConfig",
+]

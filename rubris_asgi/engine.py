@@ -63,7 +63,7 @@ class Engine:
         self.clock = clock
         self.pool = WriterPool(self.config.pool)
         self.compression = Compression(compressor)
-        self.scheduler = Scheduler(self.pool, clock)
+        self.scheduler = Scheduler(self.pool, clock, self.config.flow)
         self.topics: dict[str, SharedTopic] = {}
         self.sessions: dict[str, Session] = {}
         self._numbers = itertools.count(1)
@@ -71,17 +71,17 @@ class Engine:
 
     # sessions
 
-    def open_session(self, user: Any = None) -> Session:
+    def open_session(self, user: Any = None, owner: Any = None) -> Session:
         """A new session; its id and resume secret are 128 random bits each."""
         if len(self.sessions) >= self.config.limits.max_sessions:
             raise ProtocolError("too many sessions on this server", ErrorCode.TOO_MANY)
         sid = secrets.token_urlsafe(16)
-        s = Session(sid, f"{sid}.{secrets.token_urlsafe(16)}", user)
+        s = Session(sid, f"{sid}.{secrets.token_urlsafe(16)}", user, owner)
         self.sessions[sid] = s
         return s
 
-    def find_resumable(self, token: str, user: Any = None) -> Session | None:
-        """The live session this resume token names, if it belongs to ``user``.
+    def find_resumable(self, token: str, owner: Any = None) -> Session | None:
+        """The live session this resume token names, if it belongs to ``owner``.
 
         The secret half is compared in constant time; a token of another user finds nothing.
         """
@@ -91,7 +91,7 @@ class Engine:
             return None
         if not hmac.compare_digest(s.resume_token.encode(), token.encode()):
             return None
-        if s.user != user:
+        if s.owner != owner:
             return None
         return s
 
@@ -137,6 +137,7 @@ class Engine:
         s.pending.clear()
         s.direct.append(encode(Goodbye(code, reason)))
         s.state = SessionState.CLOSING
+        s.close_code = code
         self.scheduler.client_pending(s)
 
     def end_session(self, s: Session) -> None:
@@ -289,7 +290,11 @@ class Engine:
             raise ProtocolError(f"{name!r} is not a private topic", ErrorCode.UNKNOWN)
         self.direct(
             s,
-            encode(Subscribed(req, sub.number, Mode.PRIVATE, sub.codec, sub.epoch, sub.seq, False, name)),
+            encode(
+                Subscribed(
+                    req, sub.number, Mode.PRIVATE, sub.codec, sub.epoch, sub.seq, False, name
+                )
+            ),
         )
         return sub
 

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .buffers import FrameBuffer, SizeClass, WriterPool
+from .config import FlowConfig
+from .flow import current_interval
 from .protocol import Gap, encode
 from .session import Session, SessionState
 from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
@@ -60,9 +62,12 @@ def _noop() -> None:
 class Scheduler:
     """Pending sets and the cycle. Sans-IO: ``run_cycle()`` is a plain function call."""
 
-    def __init__(self, pool: WriterPool, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, pool: WriterPool, clock: Callable[[], float], flow: FlowConfig | None = None
+    ) -> None:
         self.pool = pool
         self.clock = clock
+        self.flow = flow or FlowConfig()
         self.dirty: list[SharedTopic] = []
         self.clients: list[Session] = []
         self.timers: list[tuple[float, int, Session]] = []
@@ -144,6 +149,10 @@ class Scheduler:
                 continue
             if self._serve(s):
                 frames += 1
+                if s.nak_interval:  # paced by its NAKs: its next frame waits
+                    pause = current_interval(s, now, self.flow)
+                    if pause:
+                        self.hold(s, now + pause)
         stats.frames += frames
         return frames
 

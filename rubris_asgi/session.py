@@ -45,6 +45,7 @@ class Session:
         "id",
         "resume_token",
         "user",
+        "owner",
         "state",
         "subs",
         "names",
@@ -63,15 +64,21 @@ class Session:
         "nak_at",
         "calls",
         "detached_at",
+        "close_code",
         "frames",
         "data",
         "__weakref__",
     )
 
-    def __init__(self, session_id: str, resume_token: str, user: Any = None) -> None:
+    def __init__(
+        self, session_id: str, resume_token: str, user: Any = None, owner: Any = None
+    ) -> None:
         self.id = session_id
         self.resume_token = resume_token
         self.user = user
+        """The authenticated user, as the application's authentication gave it."""
+        self.owner = owner
+        """A stable identity of ``user``: only the same owner may resume or poll this session."""
         self.state = SessionState.DETACHED
         self.subs: dict[int, Sub] = {}
         """Subscriptions by topic number."""
@@ -98,6 +105,8 @@ class Session:
         self.calls: set[int] = set()
         """Call ids in flight."""
         self.detached_at = 0.0
+        self.close_code = 0
+        """The GOODBYE code once the session is CLOSING."""
         self.frames = 0
         self.data: dict[str, Any] = {}
         """Free for the application (e.g. per-session state of handlers)."""

@@ -1,0 +1,135 @@
+"""The demo app: FastAPI with rubris mounted at /rubris and a live trading page at /.
+
+Channels:
+    prices.{symbol}   snapshot: the latest quote of each of ~50 symbols
+    trades            ring of 128: every trade printed
+    book.{symbol}     snapshot: a 50-level order book (large JSON, sent deflated)
+    fills             private: this session's own fills, lossless
+RPC: symbols, place_order, history (streamed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from rubris_asgi import Reject, Rubris, Session
+
+from .market import SYMBOLS, Market
+
+STATIC = Path(__file__).parent / "static"
+
+rubris = Rubris(compress_at=512)
+market = Market()
+
+
+@rubris.shared("prices.{symbol}", snapshot=True)
+async def prices(session: Session, symbol: str) -> dict[str, object]:
+    if symbol not in SYMBOLS:
+        raise Reject(f"unknown symbol {symbol!r}")
+    q = market.quotes[symbol]
+    return q.as_dict(q.history[-1][0] if q.history else 0)
+
+
+@rubris.shared("trades", ring=128)
+async def trades(session: Session) -> None:
+    return None
+
+
+@rubris.shared("book.{symbol}", snapshot=True, compress_at=256)
+async def book(session: Session, symbol: str) -> dict[str, object]:
+    if symbol not in SYMBOLS:
+        raise Reject(f"unknown symbol {symbol!r}")
+    return market.book(symbol)
+
+
+@rubris.private("fills", queue=256, batch=8)
+async def fills(session: Session) -> None:
+    return None
+
+
+@rubris.rpc("symbols")
+async def symbols(session: Session, args: Any) -> list[dict[str, str]]:
+    return [{"symbol": s, "name": n} for s, n in SYMBOLS.items()]
+
+
+@rubris.rpc("place_order")
+async def place_order(session: Session, args: Any) -> dict[str, object]:
+    if not isinstance(args, dict):
+        raise Reject("an order is an object: {symbol, side, qty}")
+    symbol, side, qty = args.get("symbol"), args.get("side"), args.get("qty")
+    if symbol not in SYMBOLS:
+        raise Reject(f"unknown symbol {symbol!r}")
+    if side not in ("buy", "sell"):
+        raise Reject("side must be 'buy' or 'sell'")
+    if not isinstance(qty, int) or isinstance(qty, bool) or not 1 <= qty <= 10_000:
+        raise Reject("qty must be a whole number from 1 to 10000")
+    if session.private("fills") is None:
+        raise Reject("subscribe to 'fills' first to receive your fills")
+    fill = market.fill(symbol, side, qty)
+    # the fill arrives on the private topic a moment after the order is accepted
+    asyncio.get_running_loop().call_later(0.05, _deliver_fill, session, fill)
+    return {"order_id": fill["order_id"], "status": "accepted"}
+
+
+def _deliver_fill(session: Session, fill: dict[str, object]) -> None:
+    with contextlib.suppress(Exception):  # the session may have ended meanwhile
+        rubris.send_nowait(session, "fills", fill)
+
+
+@rubris.rpc("history")
+async def history(session: Session, args: Any) -> AsyncIterator[dict[str, object]]:
+    symbol = args.get("symbol") if isinstance(args, dict) else None
+    if symbol not in SYMBOLS:
+        raise Reject(f"unknown symbol {symbol!r}")
+    for ts, last in list(market.quotes[symbol].history):
+        yield {"ts": ts, "last": last}
+
+
+async def simulate(tick: float = 0.1) -> None:
+    """Move every price each tick, print a few trades, refresh watched books."""
+    rng = market.rng
+    syms = list(SYMBOLS)
+    n = 0
+    while True:
+        await asyncio.sleep(tick)
+        n += 1
+        for sym in syms:
+            if rng.random() < 0.6:
+                rubris.publish(f"prices.{sym}", market.step(sym))
+        for _ in range(rng.randrange(0, 4)):
+            rubris.publish("trades", market.trade(rng.choice(syms)))
+        if n % 3 == 0:
+            for sym in syms:
+                name = f"book.{sym}"
+                if rubris.has_subscribers(name):
+                    rubris.publish(name, market.book(sym))
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async with rubris:
+        task = asyncio.create_task(simulate())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+app = FastAPI(title="rubris_asgi demo", lifespan=lifespan)
+app.mount("/rubris", rubris)
+app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+
+@app.get("/", include_in_schema=False)
+async def index() -> FileResponse:
+    return FileResponse(STATIC / "index.html")

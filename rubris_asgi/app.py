@@ -1,0 +1,439 @@
+"""``Rubris``: the ASGI app users mount, its routes, lifespan and public API.
+
+>>> from rubris_asgi import Rubris
+>>> rubris = Rubris(compress_at=512)
+>>> @rubris.shared("prices.{symbol}", snapshot=True)
+... async def prices(session, symbol: str):
+...     return {"symbol": symbol, "bid": 1.0}
+>>> # app = FastAPI(lifespan=rubris.lifespan); app.mount("/rubris", rubris)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Route, Router, WebSocketRoute
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from .buffers import PoolStats
+from .channels import _UNSET, Registry
+from .compression import CompressionStats, Compressor, Decompressor
+from .config import Config
+from .dispatch import Dispatcher
+from .engine import Engine
+from .errors import ErrorCode, ProtocolError, QueueFull, Reject, SessionClosed
+from .protocol import Codec
+from .scheduler import CycleStats
+from .session import Session, SessionState
+from .transports import longpoll
+from .transports.websocket import WebSocketConnection, websocket_endpoint
+
+log = logging.getLogger("rubris_asgi")
+
+F = TypeVar("F", bound=Callable[..., Any])
+Authenticate = Callable[[HTTPConnection], Any]
+
+STATIC = Path(__file__).parent / "static"
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of the engine's counters (``Rubris.stats()``)."""
+
+    sessions: int
+    connected: int
+    topics: int
+    cycle: CycleStats
+    pool: PoolStats
+    compression: CompressionStats
+
+
+class Rubris:
+    """A push-messaging engine as an ASGI app: mount it, register channels, publish.
+
+    Args:
+        config: every limit and timing (``Config``); the keyword arguments below override it.
+        compress_at: default payload size from which channels try deflate (None: never).
+        authenticate: ``f(conn) -> user`` (may be async) run for every connection and poll;
+            raise ``Reject`` to refuse (WebSocket close 1008 / HTTP 403). Without it the user is
+            Starlette's ``scope["user"]`` when an AuthenticationMiddleware set one, else None.
+        allowed_origins: browser origins allowed to open a WebSocket or long-poll session,
+            besides the page's own origin; ``["*"]`` allows any. Cross-site WebSocket hijacking
+            is refused by default.
+        compressor / decompressor: replace raw deflate (level 1) with your own.
+        clock: a monotonic clock; tests inject a fake one.
+    """
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        compress_at: int | None = _UNSET,
+        authenticate: Authenticate | None = None,
+        allowed_origins: Sequence[str] = (),
+        compressor: Compressor | None = None,
+        decompressor: Decompressor | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        config = config or Config()
+        if compress_at is not _UNSET:
+            config = replace(config, compress_at=compress_at)
+        self.config = config
+        self.engine = Engine(config, compressor=compressor, **({"clock": clock} if clock else {}))
+        self.registry = Registry(compress_at=config.compress_at)
+        self.dispatcher = Dispatcher(self.engine, self.registry, config, decompressor)
+        self._authenticate = authenticate
+        self.allowed_origins = frozenset(allowed_origins)
+        self.connections: set[WebSocketConnection] = set()
+        self.lp_sessions: dict[str, longpoll.LongPollSession] = {}
+        self.engine.on_session_end = self._session_ended
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake: asyncio.Event | None = None
+        self.started = False
+        self.router = Router(
+            routes=[
+                WebSocketRoute("/ws", self._ws),
+                Route("/lp", self._lp_open, methods=["POST"]),
+                Route("/lp/{session}", self._lp_poll, methods=["GET"]),
+                Route("/lp/{session}", self._lp_post, methods=["POST"]),
+                Route("/client.js", self._client_js, methods=["GET", "HEAD"]),
+            ]
+        )
+
+    # registration (delegated to the registry, which freezes at start)
+
+    def shared(
+        self,
+        pattern: str,
+        *,
+        snapshot: bool = False,
+        ring: int | None = None,
+        codec: Codec = Codec.JSON,
+        compress_at: int | None = _UNSET,
+        client_publish: bool = False,
+    ) -> Callable[[F], F]:
+        """Register a shared channel; the handler ``(session, **params)`` may ``raise Reject``
+        and returns the value a new subscriber gets when the topic has none yet."""
+        return self.registry.shared(
+            pattern,
+            snapshot=snapshot,
+            ring=ring if ring is not None or snapshot else self.config.ring_size,
+            codec=codec,
+            compress_at=compress_at,
+            client_publish=client_publish,
+        )
+
+    def private(
+        self,
+        pattern: str,
+        *,
+        queue: int | None = None,
+        batch: int = 1,
+        codec: Codec = Codec.JSON,
+        compress_at: int | None = _UNSET,
+    ) -> Callable[[F], F]:
+        """Register a private channel; the handler ``(session, **params)`` may ``raise Reject``."""
+        return self.registry.private(
+            pattern, queue=queue, batch=batch, codec=codec, compress_at=compress_at
+        )
+
+    def rpc(self, name: str | None = None) -> Callable[[F], F]:
+        """Register a method ``(session, args) -> result``; an async generator streams."""
+        return self.registry.rpc(name)
+
+    # publishing
+
+    def publish(self, name: str, value: Any) -> int:
+        """Publish to a shared topic; O(1), never blocks; returns the message's seq.
+
+        Raises ``ProtocolError`` (code 3) when no shared channel matches ``name`` and
+        ``MessageTooLarge`` over the writer pool's maximum.
+        """
+        t = self.engine.topics.get(name)
+        if t is None:
+            found = self.registry.match(name)
+            if found is None or not found[0].shared:
+                raise ProtocolError(f"no shared channel matches {name!r}", ErrorCode.UNKNOWN)
+            ch = found[0]
+            t = self.engine.topic(
+                name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at
+            )
+        return self.engine.publish(t, value)
+
+    def send_nowait(self, session: Session, name: str, value: Any) -> int:
+        """Queue a private message; raises ``QueueFull`` when the queue is at capacity."""
+        return self.engine.send_nowait(session, self.engine.private_for(session, name), value)
+
+    async def send(self, session: Session, name: str, value: Any) -> int:
+        """Queue a private message, waiting while the queue is full (back-pressure).
+
+        Raises ``SessionClosed`` if the session ends while waiting.
+        """
+        q = self.engine.private_for(session, name)
+        while True:
+            try:
+                return self.engine.send_nowait(session, q, value)
+            except QueueFull:
+                pass
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def wake(fut: asyncio.Future[None] = fut) -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            q.waiters.append(wake)
+            try:
+                await fut
+            finally:
+                with contextlib.suppress(ValueError):
+                    q.waiters.remove(wake)
+            if session.state is SessionState.CLOSED:
+                raise SessionClosed(f"session {session.id[:8]}… has ended")
+
+    def has_subscribers(self, name: str) -> bool:
+        """Whether any session subscribes to the shared topic ``name`` (to skip costly work)."""
+        t = self.engine.topics.get(name)
+        return t is not None and bool(t.subs)
+
+    def sessions(self) -> list[Session]:
+        return list(self.engine.sessions.values())
+
+    def stats(self) -> Stats:
+        e = self.engine
+        return Stats(
+            sessions=len(e.sessions),
+            connected=sum(1 for s in e.sessions.values() if s.state is SessionState.CONNECTED),
+            topics=len(e.topics),
+            cycle=replace(e.scheduler.stats),
+            pool=replace(e.pool.stats),
+            compression=replace(e.compression.stats),
+        )
+
+    # authentication and origin
+
+    async def authenticate(self, conn: HTTPConnection) -> Any:
+        if self._authenticate is not None:
+            try:
+                user = self._authenticate(conn)
+                if inspect.isawaitable(user):
+                    user = await user
+            except Reject as r:
+                raise ProtocolError(r.reason, ErrorCode.NOT_AUTHORISED) from None
+            return user
+        return conn.scope.get("user")
+
+    @staticmethod
+    def user_key(user: Any) -> Any:
+        """A stable identity for comparing users across resumes and polls."""
+        if user is None or not getattr(user, "is_authenticated", True):
+            return None
+        if isinstance(user, (str, int, bytes, tuple)):
+            return user
+        for attr in ("identity", "username", "id", "display_name"):
+            with contextlib.suppress(Exception):
+                value = getattr(user, attr)
+                if isinstance(value, (str, int)):
+                    return (type(user).__name__, value)
+        return ("object", id(user))
+
+    def origin_allowed(self, origin: str | None, host: str | None = None) -> bool:
+        if origin is None or "*" in self.allowed_origins or origin in self.allowed_origins:
+            return True  # no Origin: not a browser, so not a cross-site hijack
+        return host is not None and urlsplit(origin).netloc == host
+
+    # sessions and transports
+
+    def take_over(self, s: Session) -> None:
+        """A resumed session leaves the connection that carried it before."""
+        old = s.sink
+        if isinstance(old, WebSocketConnection):
+            old.superseded()
+        elif isinstance(old, longpoll.LongPollSession):
+            old.end()
+            self.lp_sessions.pop(s.id, None)
+        if old is not None:
+            self.engine.detach(s)
+
+    def end_session(self, s: Session) -> None:
+        self.engine.end_session(s)
+
+    def _session_ended(self, s: Session) -> None:
+        self.dispatcher.cancel_session(s)
+        lp = self.lp_sessions.pop(s.id, None)
+        if lp is not None:
+            lp.end()
+
+    # ASGI
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan_protocol(receive, send)
+            return
+        if not self.started:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1013})
+            else:
+                await Response("rubris is not started: use lifespan=rubris.lifespan", 503)(
+                    scope, receive, send
+                )
+            return
+        await self.router(scope, receive, send)
+
+    async def _ws(self, ws: WebSocket) -> None:
+        await websocket_endpoint(self, ws)
+
+    async def _lp_open(self, request: Request) -> Response:
+        return await longpoll.open_session(self, request)
+
+    async def _lp_poll(self, request: Request) -> Response:
+        return await longpoll.poll(self, request)
+
+    async def _lp_post(self, request: Request) -> Response:
+        return await longpoll.post_frame(self, request)
+
+    async def _client_js(self, request: Request) -> Response:
+        return FileResponse(
+            STATIC / "client.js",
+            media_type="text/javascript",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    async def _lifespan_protocol(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # lifespan
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
+        """For ``FastAPI(lifespan=rubris.lifespan)`` / ``Starlette(lifespan=...)``."""
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def __aenter__(self) -> Rubris:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Freeze registration and start the scheduler and housekeeping tasks."""
+        if self.started:
+            return
+        self.registry.freeze()
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self.engine.scheduler.wake = self._wake.set
+        self._tasks = [
+            loop.create_task(self._run_scheduler(), name="rubris-scheduler"),
+            loop.create_task(self._housekeeping(), name="rubris-housekeeping"),
+        ]
+        self.started = True
+
+    async def stop(self) -> None:
+        """Graceful shutdown: GOODBYE 9 to every session, drain, close, cancel every task."""
+        if not self.started:
+            return
+        engine = self.engine
+        for s in list(engine.sessions.values()):
+            engine.close_session(s, ErrorCode.SHUTTING_DOWN, "server shutting down")
+        deadline = engine.clock() + self.config.timing.shutdown_drain
+        # polled: shutdown happens once, and a drain event would cost every frame on the hot path
+        while engine.clock() < deadline and any(  # noqa: ASYNC110
+            s.has_work() and s.sink is not None for s in engine.sessions.values()
+        ):
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            await conn.abort(ErrorCode.SHUTTING_DOWN, "server shutting down")
+        for s in list(engine.sessions.values()):
+            engine.end_session(s)
+        self.started = False
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self.dispatcher.cancel_all()
+        engine.scheduler.wake = lambda: None
+
+    async def _run_scheduler(self) -> None:
+        sched = self.engine.scheduler
+        wake = self._wake
+        assert wake is not None
+        clock = self.engine.clock
+        while True:
+            if sched.has_work():
+                try:
+                    sched.run_cycle()
+                except Exception:  # a bug must not silently stop all delivery
+                    log.exception("scheduler cycle failed")
+                # let transports write and handlers publish before the next cycle
+                await asyncio.sleep(0)
+                continue
+            wake.clear()
+            sched.idle = True
+            timer = sched.next_timer()
+            timeout = None if timer is None else max(0.0, timer - clock())
+            if timeout == 0.0:
+                sched.idle = False
+                sched.run_cycle()
+                await asyncio.sleep(0)
+                continue
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout)
+            sched.idle = False
+
+    async def _housekeeping(self) -> None:
+        engine = self.engine
+        timing = self.config.timing
+        writer = self.config.writer
+        while True:
+            await asyncio.sleep(min(0.25, timing.session_timeout / 4, writer.max_blocked / 4))
+            now = engine.clock()
+            engine.expire()
+            for lp in list(self.lp_sessions.values()):
+                waiting = lp.waiter is not None and not lp.waiter.done()
+                if not waiting and now - lp.last_seen > timing.session_timeout:
+                    engine.end_session(lp.session)
+            for conn in list(self.connections):
+                since = conn.writing_since
+                if since and now - since > writer.max_blocked and conn.session is not None:
+                    log.info(
+                        "session %s blocked for %.1fs: closing", conn.session.id[:8], now - since
+                    )
+                    s = conn.session
+                    await conn.abort(ErrorCode.SLOW_CONSUMER, "slow consumer")
+                    engine.end_session(s)
+
+
+def static_path(name: str) -> Path:
+    """Where the packaged static files (client.js) are."""
+    return STATIC / name
+
+
+Handler = Callable[..., Awaitable[Any]]

@@ -1,0 +1,267 @@
+"""What the server does with each client message, whatever the transport.
+
+Transports decode a frame, settle HELLO themselves (it decides the session), and hand every other
+message here. A ``ProtocolError`` raised from here means the frame was bad: the transport answers
+with GOODBYE and a close (WebSocket) or HTTP 400 (long-poll); application refusals never raise,
+they become REJECTED or an error RESULT for that request alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from .channels import Registry
+from .compression import Decompressor, inflate
+from .config import Config
+from .engine import Engine
+from .errors import ErrorCode, MessageTooLarge, ProtocolError, Reject
+from .flow import on_nak
+from .protocol import (
+    Ack,
+    Call,
+    Kind,
+    Message,
+    Nack,
+    Nak,
+    Ping,
+    Pong,
+    Publish,
+    Result,
+    Stream,
+    Subscribe,
+    Unsubscribe,
+    encode,
+    encode_message,
+    encode_uv,
+)
+from .session import Session, SessionState
+
+log = logging.getLogger("rubris_asgi")
+
+_CLIENT_KINDS = (Subscribe, Unsubscribe, Call, Ack, Nack, Nak, Ping, Publish)
+
+
+class Dispatcher:
+    """Applies client messages to the engine and runs the application's handlers."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: Registry,
+        config: Config,
+        decompressor: Decompressor | None = None,
+    ) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.config = config
+        self.decompressor = decompressor
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.session_tasks: dict[str, set[asyncio.Task[None]]] = {}
+
+    async def handle(self, s: Session, msgs: Iterable[Message]) -> None:
+        for msg in msgs:
+            if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
+                return
+            if not isinstance(msg, _CLIENT_KINDS):
+                raise ProtocolError(
+                    f"a client may not send {type(msg).__name__.upper()} here", ErrorCode.PROTOCOL
+                )
+            if isinstance(msg, Ping):
+                self.engine.direct(s, encode(Pong(msg.token)))
+            elif isinstance(msg, Ack):
+                self.engine.ack(s, msg.topic, msg.upto)
+            elif isinstance(msg, Subscribe):
+                await self._subscribe(s, msg)
+            elif isinstance(msg, Call):
+                self._call(s, msg)
+            elif isinstance(msg, Unsubscribe):
+                self.engine.unsubscribe(s, msg.topic)
+            elif isinstance(msg, Nak):
+                on_nak(s, msg.fill, self.engine.clock(), self.config.flow)
+            elif isinstance(msg, Publish):
+                await self._publish(s, msg)
+            # NACK: queue topics are not offered by this server, so no item can be named
+
+    def _payload(self, data: bytes, compressed: bool) -> Any:
+        """The JSON value of a client payload (inflated under the limit); None when empty."""
+        if compressed:
+            data = inflate(data, self.config.limits.max_inflated, self.decompressor)
+        if not data:
+            return None
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise ProtocolError(f"payload is not valid JSON: {exc}", ErrorCode.PROTOCOL) from None
+
+    def _name_ok(self, name: str) -> bool:
+        return len(name.encode()) <= self.config.limits.max_topic_name
+
+    async def _subscribe(self, s: Session, m: Subscribe) -> None:
+        e = self.engine
+        if not self._name_ok(m.name):
+            e.reject(s, m.req, ErrorCode.TOO_LARGE, "topic name too long")
+            return
+        found = self.registry.match(m.name)
+        if found is None:
+            # one answer for every name that is not offered: nothing to enumerate
+            e.reject(s, m.req, ErrorCode.UNKNOWN, "unknown topic")
+            return
+        ch, kwargs = found
+        try:
+            params = self._payload(m.params, m.compressed)
+        except ProtocolError as exc:
+            e.reject(s, m.req, exc.code, str(exc))
+            return
+        if m.name not in s.names and len(s.subs) >= self.config.limits.max_subscriptions:
+            e.reject(s, m.req, ErrorCode.TOO_MANY, "too many subscriptions")
+            return
+        if ch.wants_params:
+            kwargs = {**kwargs, "params": params}
+        initial: Any = None
+        try:
+            if ch.handler is not None:
+                initial = ch.handler(s, **kwargs)
+                if inspect.isawaitable(initial):
+                    initial = await initial
+        except Reject as r:
+            e.reject(s, m.req, r.code, r.reason)
+            return
+        except Exception:
+            log.exception("subscribe handler for %r failed", m.name)
+            e.reject(s, m.req, ErrorCode.REJECTED, "subscribe failed")
+            return
+        if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
+            return
+        try:
+            if ch.shared:
+                t = e.topic(
+                    m.name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at
+                )
+                if initial is not None and t.seq == 0:
+                    e.publish(t, initial)
+                e.subscribe(s, t, m.req, m.epoch, m.since)
+            else:
+                e.subscribe_private(
+                    s,
+                    m.name,
+                    m.req,
+                    capacity=ch.queue,
+                    batch=ch.batch,
+                    codec=ch.codec,
+                    compress_at=ch.compress_at,
+                )
+        except (ProtocolError, MessageTooLarge) as exc:
+            e.reject(s, m.req, exc.code, str(exc))
+
+    async def _publish(self, s: Session, m: Publish) -> None:
+        e = self.engine
+        found = self.registry.match(m.name) if self._name_ok(m.name) else None
+        if found is None or not found[0].client_publish:
+            e.reject(s, m.req, ErrorCode.UNKNOWN, "unknown topic")
+            return
+        ch = found[0]
+        try:
+            value = self._payload(m.payload, m.compressed)
+            t = e.topic(m.name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at)
+            e.publish(t, value)
+        except (ProtocolError, MessageTooLarge) as exc:
+            e.reject(s, m.req, exc.code, str(exc))
+
+    def _call(self, s: Session, m: Call) -> None:
+        if not self._name_ok(m.method):
+            self._error(s, m.call, ErrorCode.TOO_LARGE, "method name too long")
+            return
+        method = self.registry.methods.get(m.method)
+        if method is None:
+            self._error(s, m.call, ErrorCode.UNKNOWN, "unknown method")
+            return
+        if m.call in s.calls:
+            raise ProtocolError(f"call id {m.call} is already in flight", ErrorCode.PROTOCOL)
+        if len(s.calls) >= self.config.limits.max_calls_in_flight:
+            self._error(s, m.call, ErrorCode.TOO_MANY, "too many calls in flight")
+            return
+        try:
+            args = self._payload(m.payload, m.compressed)
+        except ProtocolError as exc:
+            self._error(s, m.call, exc.code, str(exc))
+            return
+        s.calls.add(m.call)
+        task = asyncio.get_running_loop().create_task(self._run_call(s, m.call, method, args))
+        self.tasks.add(task)
+        self.session_tasks.setdefault(s.id, set()).add(task)
+        task.add_done_callback(self._forget(s.id))
+
+    def _forget(self, sid: str) -> Any:
+        def done(task: asyncio.Task[None]) -> None:
+            self.tasks.discard(task)
+            mine = self.session_tasks.get(sid)
+            if mine is not None:
+                mine.discard(task)
+                if not mine:
+                    del self.session_tasks[sid]
+
+        return done
+
+    async def _run_call(self, s: Session, call: int, method: Any, args: Any) -> None:
+        e = self.engine
+        try:
+            if method.stream:
+                async for item in method.handler(s, args):
+                    if s.state is SessionState.CLOSED:
+                        return
+                    await self._room(s)
+                    e.direct(s, self._reply(Kind.STREAM, call, 0, item))
+                e.direct(s, encode(Stream(call, True, b"")))
+            else:
+                result = method.handler(s, args)
+                if inspect.isawaitable(result):
+                    result = await result
+                e.direct(s, self._reply(Kind.RESULT, call, 0, result))
+        except Reject as r:
+            self._error(s, call, r.code, r.reason)
+        except MessageTooLarge:
+            self._error(s, call, ErrorCode.TOO_LARGE, "reply too large")
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("method %r failed", method.name)
+            self._error(s, call, ErrorCode.REJECTED, "internal error")
+        finally:
+            s.calls.discard(call)
+
+    async def _room(self, s: Session) -> None:
+        # a streamed reply must not flood the direct queue of a client that reads slowly
+        limit = self.config.limits.max_direct_queue // 2
+        # polling, not an Event: an event per session would put a set() on every frame of the hot
+        # path to serve the rare streamed reply that outruns its reader
+        while len(s.direct) > limit and s.state is SessionState.CONNECTED:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+    def _reply(self, kind: Kind, call: int, flag: int, value: Any) -> bytes:
+        payload = orjson.dumps(value)
+        data, compressed = self.engine.compression.maybe_compress(
+            payload, self.registry.compress_at
+        )
+        return encode_message(kind, encode_uv(call) + bytes((flag,)) + data, compressed)
+
+    def _error(self, s: Session, call: int, code: int, message: str) -> None:
+        payload = orjson.dumps({"code": int(code), "message": message})
+        self.engine.direct(s, encode(Result(call, 1, payload)))
+
+    def cancel_session(self, s: Session) -> None:
+        """Cancel the calls still running for an ended session."""
+        for task in self.session_tasks.pop(s.id, set()):
+            task.cancel()
+
+    async def cancel_all(self) -> None:
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

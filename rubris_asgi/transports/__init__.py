@@ -1,0 +1,1 @@
+"""The ASGI endpoints: thin adapters between sockets and the sans-IO engine."""

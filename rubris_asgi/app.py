@@ -366,7 +366,7 @@ class Rubris:
         deadline = engine.clock() + self.config.timing.shutdown_drain
         # polled: shutdown happens once, and a drain event would cost every frame on the hot path
         while engine.clock() < deadline and any(  # noqa: ASYNC110
-            s.has_work() and s.sink is not None for s in engine.sessions.values()
+            self._draining(s) for s in engine.sessions.values()
         ):
             await asyncio.sleep(0.01)
         for conn in list(self.connections):
@@ -380,6 +380,17 @@ class Rubris:
         self._tasks = []
         await self.dispatcher.cancel_all()
         engine.scheduler.wake = lambda: None
+
+    def _draining(self, s: Session) -> bool:
+        """Whether shutdown should still wait for ``s`` to take its last frames."""
+        if not s.has_work() or s.sink is None:
+            return False
+        if isinstance(s.sink, longpoll.LongPollSession):
+            # a long-poll client gets its GOODBYE only if it is polling, or about to poll again
+            lp = s.sink
+            polling = lp.waiter is not None and not lp.waiter.done()
+            return polling or self.engine.clock() - lp.last_seen < 1.0
+        return True
 
     async def _run_scheduler(self) -> None:
         sched = self.engine.scheduler

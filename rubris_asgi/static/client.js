@@ -772,7 +772,7 @@ class LongPollConnection {
 
   send(frame, count = 1) {
     if (this.dead) return;
-    this.queue.push(frame);
+    this.queue.push({ bytes: frame, count });
     this.queued += count;
     this._pump();
   }
@@ -798,11 +798,13 @@ class LongPollConnection {
     try {
       while (!this.dead && this.queue.length) {
         const max = this.client._maxFrame;
-        const parts = [this.queue.shift()];
-        let size = parts[0].length;
-        while (this.queue.length && size + this.queue[0].length <= max) {
-          size += this.queue[0].length;
-          parts.push(this.queue.shift());
+        // Frames are message sequences, so frames back to back are one valid frame (§2).
+        const first = this.queue.shift();
+        const parts = [first.bytes];
+        let size = first.bytes.length;
+        while (this.queue.length && size + this.queue[0].bytes.length <= max) {
+          size += this.queue[0].bytes.length;
+          parts.push(this.queue.shift().bytes);
         }
         const body = joinFrames(parts);
         let failingSince = 0;
@@ -836,7 +838,7 @@ class LongPollConnection {
           this._lost(httpFailure(res.status, "long-poll POST"));
           return;
         }
-        this.queued = this.queue.reduce((n, f) => n + (f.count ?? 1), 0);
+        this.queued = this.queue.reduce((n, f) => n + f.count, 0);
       }
       this.queued = 0;
     } finally {
@@ -1473,7 +1475,7 @@ export class RubrisClient {
     this._tx = [];
     for (const wire of this._wires.values()) {
       wire.state = "closed";
-      for (const sub of wire.joining) sub._fail(reason);
+      for (const sub of [...wire.joining, ...wire.listeners]) sub._fail(reason);
     }
     this._wires.clear();
     this._byTopic.clear();
@@ -1668,7 +1670,7 @@ export class RubrisClient {
     sub.info = info;
     sub._resolve(info);
     safeCall(sub._opts.onSubscribed, info);
-    if (wire.mode === Mode.SNAPSHOT && wire.last && wire.listeners.size > 1) {
+    if (wire.mode === Mode.SNAPSHOT && wire.last) {
       // A later listener of a shared snapshot gets the current value, as a new subscriber would.
       safeCall(sub._callback, wire.last.value, wire.last.meta);
     }
@@ -1925,8 +1927,10 @@ export class RubrisClient {
   }
 
   _nakTick() {
-    if (this._nakPeak > 0 && now() - this._nakSentAt >= NAK_REPEAT_MS * 0.9) {
-      this._sendNak(this._nakPeak);
+    // Only while the queue is still above a threshold: once drained, a NAK would be stale.
+    // The level reported is the strongest seen since the last NAK.
+    if (this._nakLevel > 0 && now() - this._nakSentAt >= NAK_REPEAT_MS * 0.9) {
+      this._sendNak(Math.max(this._nakPeak, this._nakLevel));
     }
     this._nakPeak = this._nakLevel;
     if (this._nakLevel === 0) {

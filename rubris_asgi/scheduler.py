@@ -183,8 +183,8 @@ class Scheduler:
 
         pend = s.pending
         if pend and not full:
-            nxt: dict[Sub, None] = {}
             busy: list[Sub] = []
+            carry: Sub | None = None
             it = iter(pend)
             for sub in it:
                 mode = sub.mode
@@ -197,12 +197,12 @@ class Scheduler:
                     n = len(m)
                     if size + n > cap:
                         if size:
-                            nxt[sub] = None
+                            carry = sub
                             full = True
                             break
                         lease = self.pool.acquire(n)
                         if lease is None:
-                            nxt[sub] = None
+                            carry = sub
                             full = True
                             break
                         cap = lease.capacity if lease.size_class is BLOCK else n
@@ -225,12 +225,12 @@ class Scheduler:
                     n = len(m)
                     if size + n > cap:
                         if size:
-                            nxt[sub] = None
+                            carry = sub
                             full = True
                             break
                         lease = self.pool.acquire(n)
                         if lease is None:
-                            nxt[sub] = None
+                            carry = sub
                             full = True
                             break
                         cap = lease.capacity if lease.size_class is BLOCK else n
@@ -263,18 +263,24 @@ class Scheduler:
                         size += n
                         k -= 1
                     if full:
-                        nxt[sub] = None
+                        carry = sub
                         break
                     if unsent:
                         busy.append(sub)
-            if full:
+            if carry is not None:
                 self.stats.deferred += 1
-                # not reached this cycle: first in line next cycle, in their order
+                # not reached this cycle: first in line next cycle, in their order, then the
+                # busy ones, so a full buffer rotates through every topic
+                nxt = {carry: None}
                 for sub in it:
                     nxt[sub] = None
-            for sub in busy:
-                nxt[sub] = None
-            s.pending = nxt
+                for sub in busy:
+                    nxt[sub] = None
+                s.pending = nxt
+            elif busy:
+                s.pending = dict.fromkeys(busy)
+            else:
+                pend.clear()
 
         if not parts:
             if lease is not None:

@@ -620,7 +620,7 @@ class WebSocketConnection {
     if (!ws) return;
     ws.onopen = ws.onmessage = ws.onclose = null;
     try {
-      ws.close(code, reason.slice(0, 100));
+      ws.close(code, reason.slice(0, 60)); // a close reason is limited to 123 UTF-8 bytes
     } catch {
       // already closing
     }
@@ -1347,7 +1347,9 @@ export class RubrisClient {
     if (wasWelcomed && now() - conn.welcomedAt > STABLE_MS) this._attempt = 0;
     if (delay === undefined) {
       const slow = info.goodbye && (info.goodbye.code === 9 || info.goodbye.code === 7);
-      if (slow || info.closeCode === 1013) this._attempt = Math.max(this._attempt, 2);
+      // 1013 try again later, 1012 service restart (uvicorn closes with it on shutdown, before
+      // the app could say GOODBYE): give the server a second before knocking again.
+      if (slow || info.closeCode === 1013 || info.closeCode === 1012) this._attempt = Math.max(this._attempt, 2);
       delay = backoffDelay(this._attempt++, 250, this._opts.backoffMaxMs);
     }
     this._setState(this._everOpen ? "reconnecting" : "connecting");
@@ -1371,6 +1373,7 @@ export class RubrisClient {
     if (resumed) this._resumeSession();
     else this._newSession();
     this._setState("open", true);
+    if (this._conn !== conn) return; // a "state" listener closed the client
 
     // Everything the server does not know about yet, in one batch: SUBSCRIBEs first, then what
     // the app sent while we were away (calls, unsubscribes of a resumed session).
@@ -1473,6 +1476,8 @@ export class RubrisClient {
     for (const rec of [...this._calls.values()]) this._failCall(rec, reason);
     this._outbox = [];
     this._tx = [];
+    this._inbox = []; // nothing more reaches the app after close
+    this._inboxHead = 0;
     for (const wire of this._wires.values()) {
       wire.state = "closed";
       for (const sub of [...wire.joining, ...wire.listeners]) sub._fail(reason);
@@ -1779,6 +1784,7 @@ export class RubrisClient {
           } catch (err) {
             failure = err;
           }
+          if (this.state === "closed") break;
         }
         this._inbox[this._inboxHead++] = undefined;
         if (this._inboxHead > 1024 && this._inboxHead * 2 > this._inbox.length) {

@@ -61,7 +61,7 @@ class WebSocketConnection:
     async def run(self) -> None:
         rubris = self.rubris
         ws = self.ws
-        if not rubris.origin_allowed(ws.headers.get("origin")):
+        if not rubris.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
             await ws.close(1008, "origin not allowed")  # before accept: the handshake gets 403
             return
         try:

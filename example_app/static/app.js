@@ -1,0 +1,524 @@
+// Rubris Markets: the example app's live trading page.
+//
+// Everything on the page comes through one rubris client: snapshot topics prices.{symbol}
+// (the watchlist), the ring topic `trades` (the tape), the compressed snapshot topic
+// book.{symbol} (the order book), the private topic `fills`, and the RPCs `symbols`,
+// `place_order` and the streamed `history`.
+//
+// Messages update plain state; the DOM is painted at most once per animation frame, so a burst
+// of hundreds of prices per second costs one layout per frame, not one per message.
+
+import { connect } from "/rubris/client.js";
+
+// ?transport=longpoll or ?transport=websocket forces a transport (for demos and tests).
+const wanted = new URLSearchParams(location.search).get("transport");
+const transport = ["auto", "websocket", "longpoll"].includes(wanted) ? wanted : "auto";
+const client = connect("/rubris", { transport });
+window.rubris = client; // for browser tests and the console
+
+const TAPE_ROWS = 50;
+const FILL_ROWS = 50;
+const BOOK_LEVELS = 50;
+const CHART_POINTS = 240;
+
+const $ = (id) => document.getElementById(id);
+const el = (tag, className, text) => {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+};
+
+// ---- formatting ---------------------------------------------------------------------------
+
+const priceFmt = new Intl.NumberFormat("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+const qtyFmt = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+const fmtPrice = (v) => (isNum(v) ? priceFmt.format(v) : "—");
+const fmtQty = (v) => (isNum(v) ? qtyFmt.format(v) : "—");
+const fmtSigned = (v, suffix = "") => (isNum(v) ? `${v > 0 ? "+" : ""}${priceFmt.format(v)}${suffix}` : "—");
+const fmtTime = (ts) => {
+  const d = new Date(isNum(ts) ? ts : Date.now());
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+};
+const fmtBytes = (n) => {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} KB`;
+  if (n < 1024 ** 3) return `${(n / 1024 / 1024).toFixed(1)} MB`;
+  return `${(n / 1024 ** 3).toFixed(2)} GB`;
+};
+const signClass = (v) => (v > 0 ? "up" : v < 0 ? "down" : "");
+
+const css = getComputedStyle(document.documentElement);
+const FLASH_UP = css.getPropertyValue("--up-flash").trim() || "rgba(31,191,143,.42)";
+const FLASH_DOWN = css.getPropertyValue("--down-flash").trim() || "rgba(240,80,110,.42)";
+const SOFT_UP = css.getPropertyValue("--up-bg").trim() || "rgba(31,191,143,.14)";
+const SOFT_DOWN = css.getPropertyValue("--down-bg").trim() || "rgba(240,80,110,.14)";
+const reducedMotion = matchMedia("(prefers-reduced-motion: reduce)").matches;
+
+/**
+ * Brief green/red background flash; the Web Animations API restarts it without a reflow.
+ * Bid/ask flash softer than the last price, so the eye goes to trades rather than quote noise.
+ */
+function flash(cell, up, soft = false) {
+  if (reducedMotion) return;
+  const color = soft ? (up ? SOFT_UP : SOFT_DOWN) : (up ? FLASH_UP : FLASH_DOWN);
+  cell.animate([{ backgroundColor: color }, { backgroundColor: "transparent" }],
+    { duration: soft ? 450 : 700, easing: "ease-out" });
+}
+
+// ---- paint scheduling ---------------------------------------------------------------------
+
+const dirtyQuotes = new Map(); // symbol → latest quote not yet painted
+let pendingTrades = []; // newest last; never more than a tape's worth
+let pendingBook = null;
+let chartDirty = false;
+let frameRequested = false;
+
+function schedulePaint() {
+  if (frameRequested) return;
+  frameRequested = true;
+  requestAnimationFrame(paint);
+}
+
+function paint() {
+  frameRequested = false;
+  paintQuotes();
+  paintTrades();
+  paintBook();
+  if (chartDirty) paintChart();
+}
+
+// ---- watchlist ----------------------------------------------------------------------------
+
+const grid = $("grid");
+const rows = new Map(); // symbol → {tr, cells, quote}
+let selected = null;
+
+function buildGrid(symbols) {
+  const frag = document.createDocumentFragment();
+  for (const { symbol, name } of symbols) {
+    const tr = el("tr");
+    tr.dataset.symbol = symbol;
+    const cells = {
+      sym: el("td", "sym", symbol),
+      name: el("td", "name", name ?? ""),
+      bid: el("td", "num bid", "—"),
+      ask: el("td", "num ask", "—"),
+      last: el("td", "num last", "—"),
+      change: el("td", "num change", "—"),
+      changePct: el("td", "num change-pct", "—"),
+    };
+    cells.name.title = name ?? "";
+    tr.append(...Object.values(cells));
+    frag.append(tr);
+    rows.set(symbol, { tr, cells, quote: null });
+  }
+  grid.replaceChildren(frag);
+  $("watch-count").textContent = `${symbols.length} instruments · click to select`;
+}
+
+grid.addEventListener("click", (ev) => {
+  const tr = ev.target.closest("tr[data-symbol]");
+  if (tr) selectSymbol(tr.dataset.symbol);
+});
+
+function paintQuotes() {
+  for (const [symbol, q] of dirtyQuotes) {
+    const row = rows.get(symbol);
+    if (!row) continue;
+    const prev = row.quote;
+    const c = row.cells;
+    c.bid.textContent = fmtPrice(q.bid);
+    c.ask.textContent = fmtPrice(q.ask);
+    c.last.textContent = fmtPrice(q.last);
+    c.change.textContent = fmtSigned(q.change);
+    c.changePct.textContent = fmtSigned(q.change_pct, "%");
+    c.change.className = `num change ${signClass(q.change)}`;
+    c.changePct.className = `num change-pct ${signClass(q.change_pct)}`;
+    if (prev) {
+      if (q.bid !== prev.bid && isNum(q.bid) && isNum(prev.bid)) flash(c.bid, q.bid > prev.bid, true);
+      if (q.ask !== prev.ask && isNum(q.ask) && isNum(prev.ask)) flash(c.ask, q.ask > prev.ask, true);
+      if (q.last !== prev.last && isNum(q.last) && isNum(prev.last)) {
+        const up = q.last > prev.last;
+        flash(c.last, up);
+        c.last.classList.toggle("tick-up", up);
+        c.last.classList.toggle("tick-down", !up);
+      }
+    }
+    row.quote = q;
+  }
+  dirtyQuotes.clear();
+}
+
+function onQuote(symbol, q) {
+  dirtyQuotes.set(symbol, q);
+  if (symbol === selected && isNum(q.last)) {
+    chart.live.push(q.last);
+    if (chart.live.length > CHART_POINTS) chart.live.shift();
+    chartDirty = true;
+  }
+  schedulePaint();
+}
+
+// ---- trades tape --------------------------------------------------------------------------
+
+const tape = $("tape");
+
+function paintTrades() {
+  if (!pendingTrades.length) return;
+  const frag = document.createDocumentFragment();
+  // newest on top
+  for (let i = pendingTrades.length - 1; i >= 0; i--) {
+    const t = pendingTrades[i];
+    const tr = el("tr");
+    if (t.gap) {
+      tr.className = "gap";
+      const td = el("td", "", `${t.count} trade${t.count === 1 ? "" : "s"} missed (#${t.from}…)`);
+      td.colSpan = 5;
+      tr.append(td);
+    } else {
+      tr.dataset.id = String(t.id);
+      tr.dataset.symbol = t.symbol;
+      tr.dataset.side = t.side;
+      if (t.symbol === selected) tr.className = "mine";
+      tr.append(
+        el("td", "", fmtTime(t.ts)),
+        el("td", "sym", t.symbol),
+        el("td", t.side === "sell" ? "side-sell" : "side-buy", t.side === "sell" ? "SELL" : "BUY"),
+        el("td", "num", fmtQty(t.qty)),
+        el("td", `num ${t.side === "sell" ? "down" : "up"}`, fmtPrice(t.price)),
+      );
+    }
+    frag.append(tr);
+  }
+  pendingTrades = [];
+  tape.prepend(frag);
+  while (tape.rows.length > TAPE_ROWS) tape.lastElementChild.remove();
+}
+
+function queueTrade(item) {
+  pendingTrades.push(item);
+  // A hidden tab paints nothing; only the newest tape's worth can ever be shown.
+  if (pendingTrades.length > TAPE_ROWS) pendingTrades.splice(0, pendingTrades.length - TAPE_ROWS);
+  schedulePaint();
+}
+
+// ---- order book ---------------------------------------------------------------------------
+
+const book = $("book");
+const bookLevels = $("book-levels");
+const ladder = []; // prebuilt rows, reused on every update
+let bookSub = null;
+let bookUpdates = 0;
+
+for (let i = 0; i < BOOK_LEVELS; i++) {
+  const tr = el("tr");
+  const cells = {
+    bidQty: el("td", "num bid-qty"),
+    bidPx: el("td", "num bid-px"),
+    askPx: el("td", "num ask-px"),
+    askQty: el("td", "num ask-qty"),
+  };
+  tr.append(cells.bidQty, cells.bidPx, cells.askPx, cells.askQty);
+  bookLevels.append(tr);
+  ladder.push(cells);
+}
+
+function clearBook() {
+  for (const c of ladder) {
+    c.bidQty.textContent = c.bidPx.textContent = c.askPx.textContent = c.askQty.textContent = "";
+    c.bidQty.style.removeProperty("--d");
+    c.askQty.style.removeProperty("--d");
+  }
+  for (const id of ["book-bid", "book-ask", "book-spread", "book-mid"]) $(id).textContent = "—";
+  $("book-codec").textContent = "—";
+  $("book-codec").removeAttribute("data-compressed");
+}
+
+function paintBook() {
+  if (!pendingBook) return;
+  const { value, compressed } = pendingBook;
+  pendingBook = null;
+  const bids = Array.isArray(value.bids) ? value.bids : [];
+  const asks = Array.isArray(value.asks) ? value.asks : [];
+  // Size bars: each level's size against the largest level shown on either side.
+  let largest = 1;
+  for (const levels of [bids, asks]) {
+    for (const level of levels.slice(0, BOOK_LEVELS)) if (isNum(level?.[1]) && level[1] > largest) largest = level[1];
+  }
+  const bar = (level) => (level && isNum(level[1]) ? `${((level[1] / largest) * 100).toFixed(1)}%` : "0%");
+  for (let i = 0; i < BOOK_LEVELS; i++) {
+    const c = ladder[i];
+    const bid = bids[i];
+    const ask = asks[i];
+    c.bidQty.textContent = bid ? fmtQty(bid[1]) : "";
+    c.bidPx.textContent = bid ? fmtPrice(bid[0]) : "";
+    c.askPx.textContent = ask ? fmtPrice(ask[0]) : "";
+    c.askQty.textContent = ask ? fmtQty(ask[1]) : "";
+    c.bidQty.style.setProperty("--d", bar(bid));
+    c.askQty.style.setProperty("--d", bar(ask));
+  }
+  const bestBid = bids[0]?.[0];
+  const bestAsk = asks[0]?.[0];
+  $("book-bid").textContent = fmtPrice(bestBid);
+  $("book-ask").textContent = fmtPrice(bestAsk);
+  $("book-spread").textContent = isNum(bestBid) && isNum(bestAsk) ? fmtPrice(bestAsk - bestBid) : "—";
+  $("book-mid").textContent = isNum(bestBid) && isNum(bestAsk) ? fmtPrice((bestAsk + bestBid) / 2) : "—";
+  const codec = $("book-codec");
+  codec.textContent = compressed ? "deflated" : "plain";
+  codec.dataset.compressed = String(compressed);
+}
+
+function selectSymbol(symbol) {
+  if (!symbol || symbol === selected || !rows.has(symbol)) return;
+  rows.get(selected)?.tr.classList.remove("selected");
+  selected = symbol;
+  rows.get(symbol).tr.classList.add("selected");
+  orderForm.elements.symbol.value = symbol;
+  $("book-title-symbol").textContent = symbol;
+
+  // One book subscription at a time: the book is the large, compressed topic.
+  bookSub?.unsubscribe();
+  bookUpdates = 0;
+  pendingBook = null;
+  book.dataset.symbol = symbol;
+  book.dataset.updates = "0";
+  clearBook();
+  const sub = client.subscribe(`book.${symbol}`, (value, meta) => {
+    if (sub !== bookSub) return; // a late message of the previous symbol
+    bookUpdates++;
+    book.dataset.updates = String(bookUpdates);
+    pendingBook = { value, compressed: meta.compressed };
+    schedulePaint();
+  }, {
+    onError: (err) => notice(`Order book for ${symbol} unavailable: ${err.reason || err.code}`, "warn"),
+  });
+  bookSub = sub;
+  loadHistory(symbol);
+}
+
+// ---- price chart (streamed history, then live) -------------------------------------------
+
+const chart = { history: [], live: [], token: 0 };
+
+async function loadHistory(symbol) {
+  const token = ++chart.token;
+  chart.history = [];
+  chart.live = [];
+  chartDirty = true;
+  schedulePaint();
+  try {
+    for await (const item of client.streamIter("history", { symbol })) {
+      if (token !== chart.token) break; // another symbol was selected meanwhile
+      if (isNum(item?.last)) chart.history.push(item.last);
+      if (chart.history.length > CHART_POINTS) chart.history.shift();
+      chartDirty = true;
+      schedulePaint();
+    }
+  } catch (err) {
+    if (token === chart.token) console.warn(`history of ${symbol}:`, err);
+  }
+}
+
+function paintChart() {
+  chartDirty = false;
+  const points = chart.history.concat(chart.live).slice(-CHART_POINTS);
+  const line = document.querySelector("#chart .chart-line");
+  const area = document.querySelector("#chart .chart-area");
+  if (points.length < 2) {
+    line.setAttribute("points", "");
+    area.setAttribute("d", "");
+    $("chart-range").textContent = "";
+    return;
+  }
+  const lo = Math.min(...points);
+  const hi = Math.max(...points);
+  const span = hi - lo || 1;
+  const xs = 300 / (points.length - 1);
+  const coords = points.map((p, i) => `${(i * xs).toFixed(1)},${(56 - ((p - lo) / span) * 52).toFixed(1)}`);
+  line.setAttribute("points", coords.join(" "));
+  area.setAttribute("d", `M0,60 L${coords.join(" L")} L300,60 Z`);
+  $("chart-range").textContent = `${fmtPrice(lo)} – ${fmtPrice(hi)}`;
+}
+
+// ---- order ticket -------------------------------------------------------------------------
+
+const orderForm = $("order-form");
+const orderResult = $("order-result");
+const submitButton = orderForm.querySelector("button[type=submit]");
+
+function syncSubmitSide() {
+  const side = orderForm.elements.side.value;
+  submitButton.dataset.side = side;
+  submitButton.textContent = side === "sell" ? "Sell" : "Buy";
+}
+orderForm.elements.side.addEventListener("change", syncSubmitSide);
+
+function showOrderResult(status, text, extra = {}) {
+  orderResult.dataset.status = status;
+  orderResult.textContent = text;
+  for (const key of ["orderId", "code"]) delete orderResult.dataset[key];
+  Object.assign(orderResult.dataset, extra);
+}
+
+orderForm.addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const symbol = orderForm.elements.symbol.value;
+  const side = orderForm.elements.side.value;
+  const raw = orderForm.elements.qty.value.trim();
+  const qty = Number(raw);
+  if (raw === "" || !Number.isInteger(qty)) {
+    showOrderResult("error", "Quantity must be a whole number.", { code: "input" });
+    return;
+  }
+  // Range checks are the server's: the page shows what place_order answers.
+  submitButton.disabled = true;
+  showOrderResult("pending", `Sending ${side} ${fmtQty(qty)} ${symbol}…`);
+  try {
+    const res = await client.call("place_order", { symbol, side, qty });
+    showOrderResult("ok", `Accepted · ${side.toUpperCase()} ${fmtQty(qty)} ${symbol} · order ${res?.order_id ?? "?"}`,
+      { orderId: String(res?.order_id ?? "") });
+  } catch (err) {
+    showOrderResult("error", `Rejected · ${err.message}${err.code !== undefined ? ` (code ${err.code})` : ""}`,
+      { code: String(err.code ?? "") });
+  } finally {
+    submitButton.disabled = false;
+  }
+});
+
+// ---- fills (private topic) ----------------------------------------------------------------
+
+const fills = $("fills");
+
+function addFill(f) {
+  $("fills-empty").hidden = true;
+  const tr = el("tr", "new");
+  tr.dataset.orderId = String(f.order_id);
+  tr.dataset.symbol = f.symbol;
+  tr.append(
+    el("td", "", fmtTime(f.ts)),
+    el("td", "order", String(f.order_id)),
+    el("td", "sym", f.symbol),
+    el("td", f.side === "sell" ? "side-sell" : "side-buy", f.side === "sell" ? "SELL" : "BUY"),
+    el("td", "num", fmtQty(f.qty)),
+    el("td", "num", fmtPrice(f.price)),
+  );
+  fills.prepend(tr);
+  while (fills.rows.length > FILL_ROWS) fills.lastElementChild.remove();
+}
+
+// ---- status bar ---------------------------------------------------------------------------
+
+let gapsSeen = 0;
+let noticeTimer = null;
+
+function notice(text, level = "info", ms = 8000) {
+  const n = $("status-notice");
+  n.textContent = text;
+  n.dataset.level = level;
+  clearTimeout(noticeTimer);
+  if (ms) noticeTimer = setTimeout(() => { n.textContent = ""; }, ms);
+}
+
+function paintStatus() {
+  const s = client.stats;
+  $("status-transport").textContent = client.transport ?? "—";
+  const state = $("status-state");
+  state.textContent = client.state;
+  state.dataset.state = client.state;
+  $("status-resumed").textContent = client.resumed ? "yes" : "no";
+  $("status-rate").textContent = String(Math.round(s.messagesPerSecond));
+  const saved = $("status-saved");
+  saved.textContent = fmtBytes(s.bytesSaved);
+  saved.dataset.bytes = String(s.bytesSaved);
+  saved.title = `${s.compressed} compressed messages of ${s.messages}`;
+  $("status-gaps").textContent = String(gapsSeen);
+  $("status-rtt").textContent = s.rttMs === null ? "—" : `${s.rttMs} ms`;
+  $("status-session").textContent = client.sessionId ?? "—";
+  const pill = $("conn-pill");
+  pill.dataset.state = client.state;
+  $("conn-pill-text").textContent = {
+    connecting: "Connecting",
+    open: `Live · ${client.transport === "longpoll" ? "long-poll" : "WebSocket"}`,
+    reconnecting: "Reconnecting",
+    closed: "Disconnected",
+  }[client.state] ?? client.state;
+}
+
+let everOpen = false;
+client.on("state", (ev) => {
+  paintStatus();
+  if (ev.state === "open" && ev.resumed) notice("Reconnected: session resumed, nothing lost.", "info");
+  else if (ev.state === "open" && everOpen) notice("Reconnected with a new session: subscriptions restored.", "warn");
+  else if (ev.state === "reconnecting") {
+    notice(lastGoodbye ? `${lastGoodbye}; reconnecting…` : "Connection lost, reconnecting…", "warn", 0);
+  }
+  else if (ev.state === "closed") notice("Disconnected. Reload the page to reconnect.", "error", 0);
+  if (ev.state === "open") everOpen = true;
+  lastGoodbye = null;
+});
+client.on("gap", (g) => {
+  gapsSeen++;
+  $("status-gaps").title = `last: ${g.count} on ${g.name} from #${g.from}`;
+});
+// GOODBYE comes just before the state change it causes; keep its reason for that notice.
+let lastGoodbye = null;
+client.on("goodbye", (g) => {
+  lastGoodbye = `Server closed the session: ${g.reason || "no reason"} (code ${g.code})`;
+  notice(lastGoodbye, "warn", 0);
+});
+client.on("error", (e) => console.warn("rubris:", e.message));
+
+setInterval(paintStatus, 500);
+paintStatus();
+
+const clock = $("clock");
+setInterval(() => { clock.textContent = new Date().toLocaleTimeString("en-GB"); }, 1000);
+clock.textContent = new Date().toLocaleTimeString("en-GB");
+
+// ---- start-up -----------------------------------------------------------------------------
+
+/** The instrument list, retried while the connection is not there yet. */
+async function loadSymbols() {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      const list = await client.call("symbols");
+      if (Array.isArray(list)) return list;
+      throw new Error("symbols did not return a list");
+    } catch (err) {
+      if (client.state === "closed") throw err;
+      $("watch-count").textContent = `waiting for the server… (${err.message})`;
+      await new Promise((r) => setTimeout(r, Math.min(5000, 500 * 2 ** attempt)));
+    }
+  }
+}
+
+async function start() {
+  const symbols = await loadSymbols();
+  buildGrid(symbols);
+  const select = orderForm.elements.symbol;
+  select.replaceChildren(...symbols.map(({ symbol, name }) => {
+    const option = el("option", "", symbol);
+    option.value = symbol;
+    option.title = name ?? "";
+    return option;
+  }));
+  syncSubmitSide();
+
+  // Subscriptions survive reconnects by themselves: the client resumes or re-subscribes.
+  for (const { symbol } of symbols) {
+    client.subscribe(`prices.${symbol}`, (q) => onQuote(symbol, q));
+  }
+  client.subscribe("trades", (t) => queueTrade(t), {
+    onGap: ({ from, count }) => queueTrade({ gap: true, from, count }),
+  });
+  client.subscribe("fills", (f) => addFill(f));
+  if (symbols.length) selectSymbol(symbols[0].symbol);
+}
+
+start().catch((err) => {
+  $("watch-count").textContent = `cannot load instruments: ${err.message}`;
+  console.error(err);
+});

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-import uvicorn
+from rubris_asgi import serve
 
 
 def main() -> None:
@@ -14,14 +14,11 @@ def main() -> None:
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args()
     print(f"rubris_asgi demo on http://{args.host}:{args.port}/")
-    uvicorn.run(
-        "example_app.app:app",
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        # rubris deflates each message itself; transport-level deflate would do it twice
-        ws_per_message_deflate=False,
-    )
+    from .app import app, rubris
+
+    # drains rubris (GOODBYE 9 to every client) before uvicorn closes the sockets; per-message
+    # deflate at the WebSocket layer stays off, rubris deflates each message itself
+    serve(app, rubris, host=args.host, port=args.port, log_level=args.log_level)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from .errors import (
     SessionClosed,
 )
 from .protocol import Codec, Mode
+from .serving import Server, serve
 from .session import Session
 
 __version__ = "0.1.0"
@@ -40,9 +41,11 @@ __all__ = [
     "Reject",
     "Rubris",
     "RubrisError",
+    "Server",
     "Session",
     "SessionClosed",
     "Stats",
     "Timing",
     "WriterConfig",
+    "serve",
 ]

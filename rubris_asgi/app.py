@@ -101,6 +101,7 @@ class Rubris:
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
         self.started = False
+        self.draining = False
         self.router = Router(
             routes=[
                 WebSocketRoute("/ws", self._ws),
@@ -280,13 +281,16 @@ class Rubris:
         if scope["type"] == "lifespan":
             await self._lifespan_protocol(receive, send)
             return
-        if not self.started:
+        if not self.started or self.draining:
+            reason = (
+                "server shutting down"
+                if self.draining
+                else "rubris is not started: use lifespan=rubris.lifespan"
+            )
             if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1013})
+                await send({"type": "websocket.close", "code": 1013, "reason": reason})
             else:
-                await Response("rubris is not started: use lifespan=rubris.lifespan", 503)(
-                    scope, receive, send
-                )
+                await Response(reason, 503)(scope, receive, send)
             return
         await self.router(scope, receive, send)
 
@@ -350,16 +354,24 @@ class Rubris:
         loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.engine.scheduler.wake = self._wake.set
+        self.draining = False
         self._tasks = [
             loop.create_task(self._run_scheduler(), name="rubris-scheduler"),
             loop.create_task(self._housekeeping(), name="rubris-housekeeping"),
         ]
         self.started = True
 
-    async def stop(self) -> None:
-        """Graceful shutdown: GOODBYE 9 to every session, drain, close, cancel every task."""
-        if not self.started:
+    async def drain(self) -> None:
+        """The first half of graceful shutdown: GOODBYE 9 to every session, wait up to
+        ``Timing.shutdown_drain`` for their last frames, then close every connection.
+
+        New connections are refused from here on (WebSocket close 1013, HTTP 503). ``stop()``
+        calls it; call it yourself (or run under ``rubris_asgi.serve``) before a server closes
+        its sockets, since uvicorn closes WebSockets with 1012 before the lifespan shutdown.
+        """
+        if self.draining or not self.started:
             return
+        self.draining = True
         engine = self.engine
         for s in list(engine.sessions.values()):
             engine.close_session(s, ErrorCode.SHUTTING_DOWN, "server shutting down")
@@ -373,13 +385,20 @@ class Rubris:
             await conn.abort(ErrorCode.SHUTTING_DOWN, "server shutting down")
         for s in list(engine.sessions.values()):
             engine.end_session(s)
+
+    async def stop(self) -> None:
+        """Graceful shutdown: ``drain()``, then cancel the scheduler, housekeeping and every
+        call still running; no task is left behind."""
+        if not self.started:
+            return
+        await self.drain()
         self.started = False
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         await self.dispatcher.cancel_all()
-        engine.scheduler.wake = lambda: None
+        self.engine.scheduler.wake = lambda: None
 
     def _draining(self, s: Session) -> bool:
         """Whether shutdown should still wait for ``s`` to take its last frames."""

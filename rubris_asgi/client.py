@@ -58,9 +58,9 @@ import itertools
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
@@ -119,6 +119,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("rubris_asgi.client")
+
+T = TypeVar("T")
 
 State = Literal["connecting", "open", "reconnecting", "closed"]
 
@@ -345,7 +347,7 @@ class Subscription:
             if deadline is None:
                 await self._wake.wait()
             else:
-                await asyncio.wait_for(self._wake.wait(), max(0.0, deadline - loop.time()))
+                await _within(self._wake.wait(), max(0.0, deadline - loop.time()))
 
     def qsize(self) -> int:
         """Values waiting to be taken."""
@@ -558,7 +560,7 @@ class _WebSocketLink(_Link):
             raise _Lost(f"WebSocket handshake refused: HTTP {status}") from exc
         await self.send(hello)
         try:
-            return await asyncio.wait_for(self.recv(), self.open_timeout)
+            return await _within(self.recv(), self.open_timeout)
         except asyncio.TimeoutError:
             raise _Lost(f"no WELCOME within {self.open_timeout} s") from None
 
@@ -651,10 +653,12 @@ class _LongPollLink(_Link):
             if status == 200:
                 raw = r.headers.get(_FRAME_HEADER, "")
                 number = int(raw) if raw.isdigit() else self.ack + 1
-                if number <= self.ack or not r.content:
+                if number <= self.ack:
                     continue  # a frame we already have
                 self.ack = number
-                return r.content
+                if r.content:
+                    return r.content
+                continue
             if status == 204:
                 continue
             if status == 409:
@@ -777,6 +781,7 @@ class Client:
         self._runner: asyncio.Task[None] | None = None
         self._first: asyncio.Future[None] | None = None
         self._conn_tasks: list[asyncio.Task[None]] = []
+        self._link: _Link | None = None  # the connection being served
         self._http: httpx.AsyncClient | None = None
         self._last_rx = 0.0
         self._busy = False
@@ -809,6 +814,7 @@ class Client:
             self._outbox = _Outbox()
         self._closing = False
         self.error = None
+        self._token = ""  # a new connect() starts a new session
         self._set_state("connecting")
         loop = asyncio.get_running_loop()
         first: asyncio.Future[None] = loop.create_future()
@@ -832,7 +838,11 @@ class Client:
             runner.cancel()
             me = asyncio.current_task()
             if me is not runner and me not in self._conn_tasks:
-                await asyncio.gather(runner, return_exceptions=True)
+                # cancel again should a library have lost the cancellation (the runner also
+                # checks _closing between steps)
+                while not runner.done():
+                    await asyncio.wait({runner}, timeout=5)
+                    runner.cancel()
         self._finish(None)
 
     async def __aenter__(self) -> Client:
@@ -854,13 +864,13 @@ class Client:
         while True:
             if self.state == "open":
                 return
-            if self.state == "closed" and (self._runner is None or self._runner.done()):
+            if self.state == "closed":
                 raise _lost("the client is closed", self.error)
             changed = self._changed
             if deadline is None:
                 await changed.wait()
             else:
-                await asyncio.wait_for(changed.wait(), max(0.0, deadline - loop.time()))
+                await _within(changed.wait(), max(0.0, deadline - loop.time()))
 
     # ------------------------------------------------------------------ public operations
 
@@ -934,7 +944,7 @@ class Client:
             await self._send(Call(cid, method, _dumps(args)))
             if timeout is None:
                 return await fut
-            return await asyncio.wait_for(fut, timeout)
+            return await _within(fut, timeout)
         finally:
             self._calls.pop(cid, None)
 
@@ -982,7 +992,7 @@ class Client:
         try:
             start = loop.time()
             await self._send(Ping(token))
-            await asyncio.wait_for(fut, timeout)
+            await _within(fut, timeout)
             return loop.time() - start
         finally:
             self._pings.pop(token, None)
@@ -1040,6 +1050,7 @@ class Client:
         frame = await link.open(encode(Hello(VERSION, self._token)))
         self._account(frame)
         msgs = decode_frame(frame)
+        self.stats.messages += len(msgs)
         if not msgs or not isinstance(msgs[0], Welcome):
             got = type(msgs[0]).__name__.upper() if msgs else "nothing"
             raise ProtocolError(f"expected WELCOME first, got {got}", ErrorCode.PROTOCOL)
@@ -1052,7 +1063,7 @@ class Client:
         initial = True
         error: BaseException | None = None
         try:
-            while True:
+            while not self._closing:
                 link = self._new_link()
                 try:
                     try:
@@ -1072,6 +1083,8 @@ class Client:
                         await self._sleep(delay)
                         delay = min(delay * 2, self.backoff[1])
                         continue
+                    if self._closing:
+                        break
                     self._on_welcome(welcome, initial)
                     if initial:
                         initial = False
@@ -1086,10 +1099,9 @@ class Client:
                             error = exc
                             break
                     except _Bye as exc:
-                        if exc.code not in (ErrorCode.SLOW_CONSUMER, ErrorCode.SHUTTING_DOWN):
-                            error = exc
-                            break
-                        if not self.reconnect:
+                        # only a server going away and a slow consumer are worth another try
+                        retry = exc.code in (ErrorCode.SLOW_CONSUMER, ErrorCode.SHUTTING_DOWN)
+                        if not (retry and self.reconnect):
                             error = exc
                             break
                     except Exception as exc:  # ProtocolError, _Fatal, or a bug
@@ -1156,7 +1168,8 @@ class Client:
     def _finish(self, error: BaseException | None) -> None:
         """The client is closed: fail every waiter, end every subscription."""
         if error is not None and self.error is None and not self._closing:
-            self.error = error
+            # the internal signals are not part of the API: they become ConnectionLost
+            self.error = _lost(str(error)) if isinstance(error, (_Lost, _Fatal, _Bye)) else error
         if self.state == "closed" and self._outbox.closed is not None:
             return
         if error is not None and not self._closing:
@@ -1200,6 +1213,7 @@ class Client:
             hb = loop.create_task(self._heartbeat(w.heartbeat_ms / 1000), name="rubris-client-hb")
             tasks.append(hb)
         self._conn_tasks = tasks
+        self._link = link
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -1207,6 +1221,7 @@ class Client:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._conn_tasks = []
+            self._link = None
         for t in done:
             exc = t.exception()
             if exc is not None:
@@ -1250,6 +1265,8 @@ class Client:
                     await self._on_message(msg)
             finally:
                 self._busy = False
+                # frames that came while a slow callback ran are waiting to be read
+                self._last_rx = loop.time()
 
     def _account(self, frame: bytes) -> None:
         st = self.stats
@@ -1415,6 +1432,24 @@ class Client:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+async def _within(aw: Awaitable[T], timeout: float | None) -> T:
+    """``asyncio.wait_for`` without its Python < 3.12 flaw: when the awaited thing finishes just
+    as the caller is cancelled, ``wait_for`` returns and the cancellation is lost (this made
+    ``close()`` hang during a reconnect). ``asyncio.wait`` never loses it."""
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise asyncio.TimeoutError
+    return task.result()
 
 
 def _dumps(args: Any) -> bytes:

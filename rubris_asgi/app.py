@@ -24,7 +24,6 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route, Router, WebSocketRoute
 from starlette.types import Receive, Scope, Send
-from starlette.websockets import WebSocket
 
 from .buffers import PoolStats
 from .channels import _UNSET, Registry
@@ -37,7 +36,7 @@ from .protocol import Codec
 from .scheduler import CycleStats
 from .session import Session, SessionState
 from .transports import longpoll
-from .transports.websocket import WebSocketConnection, websocket_endpoint
+from .transports.websocket import WebSocketConnection, WebSocketEndpoint
 
 log = logging.getLogger("rubris_asgi")
 
@@ -104,7 +103,7 @@ class Rubris:
         self.draining = False
         self.router = Router(
             routes=[
-                WebSocketRoute("/ws", self._ws),
+                WebSocketRoute("/ws", WebSocketEndpoint(self)),
                 Route("/lp", self._lp_open, methods=["POST"]),
                 Route("/lp/{session}", self._lp_poll, methods=["GET"]),
                 Route("/lp/{session}", self._lp_post, methods=["POST"]),
@@ -293,9 +292,6 @@ class Rubris:
                 await Response(reason, 503)(scope, receive, send)
             return
         await self.router(scope, receive, send)
-
-    async def _ws(self, ws: WebSocket) -> None:
-        await websocket_endpoint(self, ws)
 
     async def _lp_open(self, request: Request) -> Response:
         return await longpoll.open_session(self, request)

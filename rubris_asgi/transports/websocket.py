@@ -1,12 +1,14 @@
 """The WebSocket transport at ``{mount}/ws`` (protocol.md section 6).
 
-One connection runs two loops: a reader that decodes client frames and hands them to the
-dispatcher, and a writer that writes the frames the scheduler gives it. The scheduler never
-awaits a socket: ``send_frame`` only parks the frame and wakes the writer, and the session stays
-not-READY until the write completes, so a slow socket holds back its own session and nothing
-else. A write that takes longer than ``blocked_after`` is a blocked write and earns the
-progressive penalty (flow.py); one still stuck after ``max_blocked`` ends the session with
-GOODBYE 7 (the housekeeping task in app.py watches for that).
+Writing without awaiting: the scheduler hands a frame to ``send_frame`` and moves on. The ASGI
+``send`` coroutine is driven by hand: with room in the socket buffer the server writes at once and
+the coroutine finishes on its first step, with no task, future or wake-up per frame (these add
+up to most of the per-frame cost and feed the garbage collector). Only when the socket is full
+does the coroutine suspend; that is the *blocked write* of the large-messages source document,
+and only then is a task started to finish it. Until the write completes the session is not
+READY, so a slow socket holds back its own session and nothing else. A write that takes longer
+than ``blocked_after`` earns the progressive penalty (flow.py); one still stuck after
+``max_blocked`` ends the session with GOODBYE 7 (app.py's housekeeping watches for that).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..buffers import FrameBuffer
@@ -34,29 +38,97 @@ log = logging.getLogger("rubris_asgi")
 class WebSocketConnection:
     """One WebSocket bound to a session; the session's ``FrameSink`` while connected."""
 
-    def __init__(self, rubris: Rubris, ws: WebSocket) -> None:
+    def __init__(self, rubris: Rubris, scope: Scope, receive: Receive, send: Send) -> None:
         self.rubris = rubris
-        self.ws = ws
+        self.ws = WebSocket(scope, receive, send)
+        self._send = send  # the raw ASGI send: frames skip Starlette's per-call state checks
         self.session: Session | None = None
-        self._frame: tuple[bytes, FrameBuffer] | None = None
-        self._wake = asyncio.Event()
-        self._close: tuple[bytes, int] | None = None
+        self.writing: asyncio.Task[None] | None = None
+        """The task finishing a blocked write, if one is under way."""
         self.writing_since = 0.0
         self.closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    # FrameSink
+    # FrameSink: called from inside the scheduler's cycle, so it must never raise or await
 
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
-        self._frame = (frame, lease)
-        self._wake.set()
+        engine = self.rubris.engine
+        s = self.session
+        if self.closed or s is None:
+            engine.pool.release(lease)
+            return
+        aw = self._send({"type": "websocket.send", "bytes": frame})
+        if not isinstance(aw, Coroutine):  # an ASGI server whose send is some other awaitable
+            self.writing_since = engine.clock()
+            self.writing = self._spawn(self._finish_write(_as_coroutine(aw), None, lease))
+            return
+        coro = aw
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            engine.frame_done(s, lease)  # written at once: the common case
+            self._after_write(s)
+            return
+        except Exception:  # the peer is gone; the reader sees the disconnect and detaches
+            engine.pool.release(lease)
+            self.closed = True
+            return
+        self.writing_since = engine.clock()
+        self.writing = self._spawn(self._finish_write(coro, yielded, lease))
 
-    # control
+    async def _finish_write(
+        self, coro: Coroutine[Any, Any, None], yielded: Any, lease: FrameBuffer
+    ) -> None:
+        """Carry a suspended ASGI send to its end, as a Task would, then account for it."""
+        rubris = self.rubris
+        engine = rubris.engine
+        s = self.session
+        assert s is not None
+        started = self.writing_since
+        try:
+            while True:
+                if yielded is None:  # a bare yield: asyncio.sleep(0) inside the server
+                    await asyncio.sleep(0)
+                else:
+                    yielded._asyncio_future_blocking = False
+                    await asyncio.wait((yielded,))
+                yielded = coro.send(None)
+        except StopIteration:
+            pass
+        except asyncio.CancelledError:
+            coro.close()
+            engine.pool.release(lease)
+            raise
+        except Exception:
+            engine.pool.release(lease)
+            self.closed = True
+            return
+        finally:
+            self.writing_since = 0.0
+            self.writing = None
+        now = engine.clock()
+        pause = on_write_done(s, started, now, rubris.config.writer)
+        if pause:
+            engine.scheduler.hold(s, now + pause)
+        if self.closed:
+            engine.pool.release(lease)
+            return
+        engine.frame_done(s, lease)
+        self._after_write(s)
 
-    def close(self, code: int, reason: str) -> None:
-        """Send GOODBYE after the frame being written (if any), then close the socket."""
-        if self._close is None:
-            self._close = (encode(Goodbye(code, reason)), CLOSE_CODES.get(code, 1000))
-            self._wake.set()
+    def _after_write(self, s: Session) -> None:
+        if s.state is SessionState.CLOSING and not s.has_work():
+            # the GOODBYE queued by close_session has gone out: nothing follows it
+            self.closed = True
+            self._spawn(self._close_socket(CLOSE_CODES.get(s.close_code, 1000), "goodbye"))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # the connection's life
 
     async def run(self) -> None:
         rubris = self.rubris
@@ -73,27 +145,22 @@ class WebSocketConnection:
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         try:
             await self._handshake(user)
-        except (WebSocketDisconnect, asyncio.TimeoutError):
-            return
-        except ProtocolError as exc:
-            await self._goodbye_now(exc.code, str(exc))
-            return
-        assert self.session is not None
-        writer = asyncio.get_running_loop().create_task(self._writer())
-        try:
             await self._reader()
+        except (WebSocketDisconnect, asyncio.TimeoutError):
+            pass
         except ProtocolError as exc:
-            self.close(exc.code, str(exc))
-            with contextlib.suppress(asyncio.TimeoutError, Exception):
-                await asyncio.wait_for(asyncio.shield(writer), 2.0)
+            await self._goodbye(exc.code, str(exc))
         finally:
             self.closed = True
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await writer
-            self._release()
+            rubris.connections.discard(self)
+            writing = self.writing
+            if writing is not None:
+                writing.cancel()
+            for task in list(self._tasks):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             s = self.session
-            if s.sink is self:
+            if s is not None and s.sink is self:
                 if s.state is SessionState.CONNECTED:
                     rubris.engine.detach(s)
                 else:
@@ -101,26 +168,15 @@ class WebSocketConnection:
 
     async def _handshake(self, user: Any) -> None:
         rubris = self.rubris
-        timeout = rubris.config.timing.heartbeat * 2
-        msg = await asyncio.wait_for(self.ws.receive(), timeout)
+        msg = await asyncio.wait_for(self.ws.receive(), rubris.config.timing.heartbeat * 2)
         msgs = decode_client_frame(rubris, self._frame_bytes(msg))
         s, resumed = open_or_resume(rubris, msgs, user)
-        old = s.sink
-        if isinstance(old, WebSocketConnection) and old is not self:
-            old.superseded()
+        rubris.take_over(s)
         self.session = s
         await self.ws.send_bytes(welcome(rubris, s, resumed))
         rubris.engine.attach(s, self)
         rubris.connections.add(self)
         await rubris.dispatcher.handle(s, msgs[1:])
-
-    def superseded(self) -> None:
-        """A newer connection resumed this session: this one stops carrying it."""
-        self._release()
-        self.closed = True
-        self._wake.set()
-        with contextlib.suppress(Exception):
-            asyncio.get_running_loop().create_task(self.ws.close(1000, "resumed elsewhere"))
 
     def _frame_bytes(self, msg: Any) -> bytes:
         if msg["type"] == "websocket.disconnect":
@@ -136,6 +192,7 @@ class WebSocketConnection:
         assert s is not None
         timeout = rubris.config.timing.heartbeat * 2
         receive = self.ws.receive
+        handle = rubris.dispatcher.handle
         while not self.closed:
             try:
                 msg = await asyncio.wait_for(receive(), timeout)
@@ -145,52 +202,28 @@ class WebSocketConnection:
                 return
             if msg["type"] == "websocket.disconnect":
                 return
-            msgs = decode_client_frame(rubris, self._frame_bytes(msg))
-            await rubris.dispatcher.handle(s, msgs)
+            await handle(s, decode_client_frame(rubris, self._frame_bytes(msg)))
             if s.state is SessionState.CLOSED:
                 return
 
-    async def _writer(self) -> None:
-        s = self.session
-        assert s is not None
-        rubris = self.rubris
-        engine = rubris.engine
-        clock = engine.clock
-        send = self.ws.send_bytes
-        wake = self._wake
-        while True:
-            await wake.wait()
-            wake.clear()
-            item = self._frame
-            if item is not None:
-                self._frame = None
-                frame, lease = item
-                started = clock()
-                self.writing_since = started
-                await send(frame)
-                self.writing_since = 0.0
-                now = clock()
-                pause = on_write_done(s, started, now, rubris.config.writer)
-                if pause:
-                    engine.scheduler.hold(s, now + pause)
-                if self.closed:
-                    engine.pool.release(lease)
-                    return
-                engine.frame_done(s, lease)
-                if s.state is SessionState.CLOSING and not s.has_work():
-                    # the GOODBYE queued by close_session has gone out
-                    await self._close_socket(CLOSE_CODES.get(s.close_code, 1000), "goodbye")
-                    return
-            if self._close is not None:
-                goodbye, code = self._close
-                with contextlib.suppress(Exception):
-                    await send(goodbye)
-                await self._close_socket(code, "goodbye")
-                return
+    # closing
 
-    async def _goodbye_now(self, code: int, reason: str) -> None:
+    def superseded(self) -> None:
+        """A newer connection resumed this session: this one stops carrying it."""
+        self.closed = True
+        if self.writing is not None:
+            self.writing.cancel()
+        self._spawn(self._close_socket(1000, "resumed elsewhere"))
+
+    async def _goodbye(self, code: int, reason: str) -> None:
+        """GOODBYE and close, after the frame being written (bad input from this client)."""
+        self.closed = True
+        writing = self.writing
+        if writing is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(writing), 2.0)
         with contextlib.suppress(Exception):
-            await self.ws.send_bytes(encode(Goodbye(code, reason)))
+            await asyncio.wait_for(self.ws.send_bytes(encode(Goodbye(code, reason))), 2.0)
         await self._close_socket(CLOSE_CODES.get(code, 1002), reason)
 
     async def _close_socket(self, code: int, reason: str) -> None:
@@ -199,21 +232,23 @@ class WebSocketConnection:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ws.close(code, reason[:120]), 2.0)
 
-    def _release(self) -> None:
-        item, self._frame = self._frame, None
-        if item is not None:
-            self.rubris.engine.pool.release(item[1])
-
     async def abort(self, code: int, reason: str) -> None:
         """End a connection whose writes are stuck: no GOODBYE can get through a full socket."""
         self.closed = True
-        self._wake.set()
+        if self.writing is not None:
+            self.writing.cancel()
         await self._close_socket(CLOSE_CODES.get(code, 1013), reason)
 
 
-async def websocket_endpoint(rubris: Rubris, ws: WebSocket) -> None:
-    conn = WebSocketConnection(rubris, ws)
-    try:
-        await conn.run()
-    finally:
-        rubris.connections.discard(conn)
+async def _as_coroutine(aw: Awaitable[None]) -> None:
+    await aw
+
+
+class WebSocketEndpoint:
+    """The ASGI app behind ``{mount}/ws`` (raw ASGI, so frames can use the raw ``send``)."""
+
+    def __init__(self, rubris: Rubris) -> None:
+        self.rubris = rubris
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await WebSocketConnection(self.rubris, scope, receive, send).run()

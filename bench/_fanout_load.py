@@ -1,0 +1,339 @@
+"""The load half of bench/fanout.py: N raw WebSocket clients in one asyncio process.
+
+Each client opens ``{mount}/ws`` with ``websockets.asyncio.client.connect`` (subprotocol
+``rubris.v1``, no permessage-deflate), sends HELLO and one SUBSCRIBE per topic in one frame,
+waits for WELCOME and every SUBSCRIBED (decoded with ``rubris_asgi.protocol.iter_messages``),
+then reads frames until it is closed.
+
+The read loop is the load side's hot path, so it decodes only what it needs. For every PUSH it
+reads ``topic`` and ``seq`` (uv) and the publish stamp ``t`` from the payload, which the server
+encodes with orjson as ``{"t":<int>,"i":...}``, so ``t`` is the digits between byte 5 and the
+first comma; it never builds a message object. A frame holding anything other than plain PUSH
+messages (GAP, PONG, GOODBYE, a long or compressed message) goes through ``iter_messages`` from
+that message on. ``decode="full"`` sends every frame through ``iter_messages`` and
+``orjson.loads`` instead (slower; it checks that the fast path measures the same thing).
+
+Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC is one clock for every process of the
+machine, so the server's stamp and the client's receive time compare directly. A message's
+receive time is taken when its bytes come off the socket (``StampedConnection``), not when the
+read loop reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from array import array
+from collections import deque
+from typing import Any
+
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
+
+from rubris_asgi.protocol import (
+    Gap,
+    Goodbye,
+    Hello,
+    Ping,
+    Push,
+    Rejected,
+    Subscribe,
+    Subscribed,
+    Welcome,
+    encode,
+    encode_frame,
+    iter_messages,
+)
+
+PUSH = 0x02
+
+
+class GcTimer:
+    """Counts a process's garbage collections and the time they stop its event loop.
+
+    Both processes use one: the server reports its own, the load its own.
+    """
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.max_ms = 0.0
+        self._t = 0.0
+        self.ignore = False
+        gc.callbacks.append(self._callback)
+
+    def collect(self) -> None:
+        """An explicit full collection (before measuring RSS): not counted as a pause."""
+        self.ignore = True
+        try:
+            gc.collect()
+        finally:
+            self.ignore = False
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if self.ignore:
+            return
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            dt = time.perf_counter() - self._t
+            g = info["generation"]
+            self.count[g] += 1
+            self.seconds[g] += dt
+            self.max_ms = max(self.max_ms, dt * 1000)
+
+    def info(self, mark: bool = False) -> dict[str, object]:
+        """Counts and seconds since start; the longest pause since the last ``mark``."""
+        out = {"count": self.count[:], "seconds": self.seconds[:], "max_ms": self.max_ms}
+        if mark:
+            self.max_ms = 0.0
+        return out
+
+
+class StampedConnection(ClientConnection):
+    """A client connection that notes when each message's last bytes came off the socket.
+
+    The receive time of a message is taken in ``data_received``, when the event loop hands the
+    connection the bytes, not when the read loop gets round to the message: with a thousand
+    sockets on one core that can be tens of milliseconds later, and would count the load's own
+    queueing as server latency and cross-client skew.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rx_ns = 0
+        self.stamps: deque[int] = deque()
+
+    def data_received(self, data: bytes) -> None:
+        self.rx_ns = time.monotonic_ns()
+        super().data_received(data)
+
+    def process_event(self, event: Any) -> None:
+        if (
+            type(event) is Frame
+            and event.fin
+            and event.opcode in (Opcode.BINARY, Opcode.TEXT, Opcode.CONT)
+        ):
+            self.stamps.append(self.rx_ns)
+        super().process_event(event)
+
+
+class Recorder:
+    """What every client's read loop writes into (one process, one thread: no locks).
+
+    ``count``: PUSH messages received since the start. ``lat``: receive - publish (ns) of every
+    PUSH while ``recording``. ``skew``: for sampled messages (``seq % sample == 0``), keyed by
+    ``topic << 40 | seq``: [first receive, last receive, clients that got it], always on, so a
+    message that straddles the start or end of a window is still complete.
+    """
+
+    __slots__ = ("count", "lat", "skew", "sample_mask", "recording", "gaps", "lost", "closed")
+
+    def __init__(self, sample: int = 4) -> None:
+        if sample & (sample - 1):
+            raise ValueError("sample must be a power of two")
+        self.count = 0
+        self.lat = array("q")
+        self.skew: dict[int, list[int]] = {}
+        self.sample_mask = sample - 1
+        self.recording = False
+        self.gaps = 0
+        self.lost = 0
+        self.closed = 0
+
+    def reset(self) -> None:
+        self.lat = array("q")
+        self.skew = {}
+        self.recording = False
+        self.gaps = 0
+        self.lost = 0
+
+
+def _slow(buf: bytes, now: int, rec: Recorder) -> int:
+    """Every message of ``buf`` through the protocol module's decoder; returns PUSH count."""
+    pushes = 0
+    for m in iter_messages(buf):
+        if type(m) is Push:
+            pushes += 1
+            payload = m.payload
+            if rec.recording:
+                rec.lat.append(now - orjson.loads(payload)["t"])
+            if not m.seq & rec.sample_mask:
+                key = m.topic << 40 | m.seq
+                e = rec.skew.get(key)
+                if e is None:
+                    rec.skew[key] = [now, now, 1]
+                else:
+                    e[1] = now
+                    e[2] += 1
+        elif type(m) is Gap:
+            rec.gaps += 1
+            rec.lost += m.count
+        elif type(m) is Goodbye:
+            rec.closed += 1
+    return pushes
+
+
+async def read_loop(ws: StampedConnection, rec: Recorder, decode: str) -> None:
+    recv = ws.recv
+    stamp = ws.stamps.popleft
+    full = decode == "full"
+    try:
+        while True:
+            buf = await recv()
+            now = stamp()
+            if full or type(buf) is not bytes:
+                rec.count += _slow(buf if type(buf) is bytes else bytes(buf, "utf-8"), now, rec)
+                continue
+            n = len(buf)
+            pos = 0
+            pushes = 0
+            recording = rec.recording
+            mask = rec.sample_mask
+            while pos < n:
+                ln = buf[pos + 1] if pos + 1 < n else 0x80
+                if buf[pos] != PUSH or ln >= 0x80:
+                    # anything unusual (another kind, a long message): the real decoder
+                    pushes += _slow(buf[pos:], now, rec)
+                    break
+                p = pos + 2
+                end = p + ln
+                # topic:uv
+                topic = buf[p]
+                p += 1
+                if topic >= 0x80:
+                    topic &= 0x7F
+                    shift = 7
+                    while True:
+                        b = buf[p]
+                        p += 1
+                        topic |= (b & 0x7F) << shift
+                        if b < 0x80:
+                            break
+                        shift += 7
+                # seq:uv
+                seq = buf[p]
+                p += 1
+                if seq >= 0x80:
+                    seq &= 0x7F
+                    shift = 7
+                    while True:
+                        b = buf[p]
+                        p += 1
+                        seq |= (b & 0x7F) << shift
+                        if b < 0x80:
+                            break
+                        shift += 7
+                # payload: {"t":<digits>,...
+                if recording:
+                    rec.lat.append(now - int(buf[p + 5 : buf.index(b",", p + 5, end)]))
+                if not seq & mask:
+                    key = topic << 40 | seq
+                    e = rec.skew.get(key)
+                    if e is None:
+                        rec.skew[key] = [now, now, 1]
+                    else:
+                        e[1] = now
+                        e[2] += 1
+                pushes += 1
+                pos = end
+            rec.count += pushes
+    except ConnectionClosed:
+        rec.closed += 1
+
+
+class Client:
+    __slots__ = ("ws", "task", "heartbeat_ms", "topics")
+
+    def __init__(self, ws: StampedConnection, heartbeat_ms: int, topics: dict[int, str]) -> None:
+        self.ws = ws
+        self.task: asyncio.Task[None] | None = None
+        self.heartbeat_ms = heartbeat_ms
+        self.topics = topics
+
+
+async def open_client(url: str, names: list[str], rec: Recorder, decode: str) -> Client:
+    ws = await connect(
+        url,
+        subprotocols=["rubris.v1"],  # type: ignore[list-item]
+        compression=None,
+        max_size=None,
+        proxy=None,
+        ping_interval=None,
+        open_timeout=60,
+        close_timeout=5,
+        user_agent_header=None,
+        create_connection=StampedConnection,
+    )
+    assert isinstance(ws, StampedConnection)
+    hello = [Hello(1, ""), *(Subscribe(i + 1, name, 0, 0, b"") for i, name in enumerate(names))]
+    await ws.send(encode_frame(hello))
+    heartbeat_ms = 0
+    topics: dict[int, str] = {}
+    while heartbeat_ms == 0 or len(topics) < len(names):
+        frame = await asyncio.wait_for(ws.recv(), 60)
+        ws.stamps.popleft()
+        assert isinstance(frame, bytes), "the server sent a text frame"
+        for m in iter_messages(frame):
+            if isinstance(m, Welcome):
+                heartbeat_ms = m.heartbeat_ms
+            elif isinstance(m, Subscribed):
+                topics[m.topic] = m.name
+            elif isinstance(m, Rejected):
+                raise RuntimeError(f"SUBSCRIBE refused: {m.reason} (code {m.code})")
+            elif isinstance(m, Goodbye):
+                raise RuntimeError(f"GOODBYE during the handshake: {m.reason} (code {m.code})")
+    client = Client(ws, heartbeat_ms, topics)
+    client.task = asyncio.get_running_loop().create_task(read_loop(ws, rec, decode))
+    return client
+
+
+async def open_clients(
+    url: str, n: int, names: list[str], rec: Recorder, decode: str, concurrency: int = 200
+) -> list[Client]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one() -> Client:
+        async with sem:
+            return await open_client(url, names, rec, decode)
+
+    return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+async def pinger(clients: list[Client]) -> None:
+    """PING every client at half its heartbeat, spread evenly over that interval."""
+    if not clients:
+        return
+    interval = max(1.0, clients[0].heartbeat_ms / 2000)
+    ticks = max(1, int(interval / 0.25))
+    token = 0
+    tick = 0
+    while True:
+        await asyncio.sleep(interval / ticks)
+        tick = (tick + 1) % ticks
+        for c in clients[tick::ticks]:
+            token += 1
+            try:
+                await c.ws.send(encode(Ping(token)))
+            except ConnectionClosed:
+                pass
+
+
+async def close_clients(clients: list[Client], concurrency: int = 500) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(c: Client) -> None:
+        async with sem:
+            try:
+                await asyncio.wait_for(c.ws.close(), 5)
+            except Exception:
+                c.ws.transport.abort()
+        if c.task is not None:
+            c.task.cancel()
+
+    await asyncio.gather(*(one(c) for c in clients), return_exceptions=True)
+    tasks: list[Any] = [c.task for c in clients if c.task is not None]
+    await asyncio.gather(*tasks, return_exceptions=True)

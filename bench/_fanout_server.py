@@ -1,0 +1,291 @@
+"""The server half of bench/fanout.py: uvicorn + Starlette + Rubris, and a publisher.
+
+Started by bench/fanout.py as a subprocess, pinned to one core; not meant to be run by hand
+(though ``python bench/_fanout_server.py --topics 10`` works and prints ``PORT n``).
+
+Channels: ``bench.{n}``, ring channels (no conflation: every publish is delivered to every
+subscriber unless it laps the ring, which the load side sees as a GAP).
+
+Control endpoints (127.0.0.1 only, used by the load process between phases):
+
+    POST /control/start?mode=open&rate=R&seconds=S   publish R rounds/s for S seconds
+    POST /control/start?mode=closed&window=W&seconds=S
+                                                     publish as fast as the server delivers:
+                                                     a round goes out while fewer than W rounds'
+                                                     deliveries are still waiting to be framed
+    POST /control/stop                               stop the publisher
+    GET  /control/stats[?gc=1][&gc_mode=M][&mark=1]  CPU seconds, RSS, rubris.stats(), publisher,
+                                                     GC counts and pauses; gc=1 collects first;
+                                                     gc_mode=freeze|off (an experiment) then
+                                                     calls gc.freeze() or gc.disable(); mark=1
+                                                     restarts the longest-pause figure
+
+A *round* is one message published to each of the T topics, one after the other, in one step
+of the event loop; every client subscribes to all T topics, so a round is T x clients
+deliveries. Open-loop rounds are paced by a schedule and stamped with their *scheduled* time,
+so a server that falls behind (and so delays its own publisher) shows up as latency instead of
+silently publishing less (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import os
+import resource
+import socket
+import sys
+import time
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from _fanout_load import GcTimer  # noqa: E402
+
+from rubris_asgi import Config, Rubris, Session, Timing  # noqa: E402
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def cpu_seconds() -> tuple[float, float]:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime, ru.ru_stime
+
+
+GC = GcTimer()
+
+
+def raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class Publisher:
+    """Publishes rounds to ``bench.0`` .. ``bench.{T-1}``; one run at a time."""
+
+    def __init__(self, rubris: Rubris, topics: int, pad: int) -> None:
+        self.rubris = rubris
+        self.names = [f"bench.{i}" for i in range(topics)]
+        self.pad = "x" * pad
+        self.task: asyncio.Task[None] | None = None
+        self.rounds = 0  # all rounds ever published (the payload's "i")
+        self.run_rounds = 0
+        self.run_mode = ""
+        self.max_late_ms = 0.0
+        self.started_ns = 0
+        self.ended_ns = 0
+        self.subscribers = 0  # deliveries per round, fixed at the start of a run
+
+    def publish_round(self, stamp_ns: int) -> None:
+        publish = self.rubris.publish
+        i = self.rounds
+        payload = {"t": stamp_ns, "i": i, "pad": self.pad}
+        for name in self.names:
+            publish(name, payload)
+        self.rounds = i + 1
+        self.run_rounds += 1
+
+    def start(self, mode: str, rate: float, window: float, seconds: float) -> None:
+        self.stop()
+        engine = self.rubris.engine
+        self.subscribers = sum(len(t.subs) for t in engine.topics.values())
+        self.run_rounds = 0
+        self.run_mode = mode
+        self.max_late_ms = 0.0
+        self.started_ns = time.monotonic_ns()
+        self.ended_ns = 0
+        coro = self._open(rate, seconds) if mode == "open" else self._closed(window, seconds)
+        self.task = asyncio.get_running_loop().create_task(coro)
+
+    def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            self.ended_ns = time.monotonic_ns()
+        self.task = None
+
+    async def _open(self, rate: float, seconds: float) -> None:
+        interval_ns = int(1e9 / rate)
+        start = time.monotonic_ns()
+        stop_at = start + int(seconds * 1e9)
+        due = start
+        now = start
+        while due < stop_at:
+            # publish every round whose time has come, stamped with its scheduled time
+            while due <= now and due < stop_at:
+                late = (now - due) / 1e6
+                if late > self.max_late_ms:
+                    self.max_late_ms = late
+                self.publish_round(due)
+                due += interval_ns
+            now = time.monotonic_ns()
+            wait = (due - now) / 1e9
+            if wait > 0:
+                await asyncio.sleep(wait)
+                now = time.monotonic_ns()
+        self.ended_ns = time.monotonic_ns()
+
+    async def _closed(self, window: float, seconds: float) -> None:
+        stats = self.rubris.engine.scheduler.stats
+        per_round = max(1, self.subscribers)
+        framed0 = stats.messages
+        stop_at = time.monotonic_ns() + int(seconds * 1e9)
+        limit = window * per_round
+        while True:
+            now = time.monotonic_ns()
+            if now >= stop_at:
+                break
+            # deliveries published but not yet put into a frame by the scheduler
+            while self.run_rounds * per_round - (stats.messages - framed0) < limit:
+                self.publish_round(time.monotonic_ns())
+            await asyncio.sleep(0.0005)
+        self.ended_ns = time.monotonic_ns()
+
+    def info(self) -> dict[str, object]:
+        return {
+            "mode": self.run_mode,
+            "running": self.task is not None and not self.task.done(),
+            "rounds": self.rounds,
+            "run_rounds": self.run_rounds,
+            "deliveries_per_round": self.subscribers,
+            "max_late_ms": self.max_late_ms,
+            "started_ns": self.started_ns,
+            "ended_ns": self.ended_ns,
+        }
+
+
+def build(topics: int, ring: int, pad: int) -> tuple[Starlette, Rubris, Publisher]:
+    # heartbeat: the load's clients PING at half of it; long enough that a 5,000-client case
+    # sends few PINGs while it measures
+    rubris = Rubris(Config(timing=Timing(heartbeat=60.0)), compress_at=None)
+
+    @rubris.shared("bench.{n}", ring=ring)
+    async def bench_topic(session: Session, n: str) -> None:
+        return None
+
+    publisher = Publisher(rubris, topics, pad)
+
+    async def start(request: Request) -> Response:
+        q = request.query_params
+        publisher.start(
+            q.get("mode", "open"),
+            float(q.get("rate", "10")),
+            float(q.get("window", "4")),
+            float(q.get("seconds", "5")),
+        )
+        return Response(orjson.dumps(publisher.info()), media_type="application/json")
+
+    async def stop(request: Request) -> Response:
+        publisher.stop()
+        return Response(orjson.dumps(publisher.info()), media_type="application/json")
+
+    async def stats(request: Request) -> Response:
+        q = request.query_params
+        if q.get("gc"):
+            GC.collect()
+        if q.get("gc_mode") == "freeze":
+            gc.freeze()  # an experiment (fanout.py --server-gc freeze), not the default
+        elif q.get("gc_mode") == "off":
+            gc.disable()  # an experiment (fanout.py --server-gc off), not the default
+        user, system = cpu_seconds()
+        st = rubris.stats()
+        sessions = list(rubris.engine.sessions.values())
+        body = {
+            "cpu_user": user,
+            "cpu_sys": system,
+            "rss": rss_bytes(),
+            "sessions": st.sessions,
+            "connected": st.connected,
+            "topics": st.topics,
+            "cycle": dataclasses.asdict(st.cycle),
+            # the slow-client penalty (flow.py): sessions held back now, worst failed-send count
+            "held": sum(1 for x in sessions if x.held),
+            "failed_sends_max": max((x.failed_sends for x in sessions), default=0),
+            "pool": dataclasses.asdict(st.pool),
+            "publisher": publisher.info(),
+            "gc": GC.info(mark=bool(q.get("mark"))),
+            "now_ns": time.monotonic_ns(),
+        }
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
+        async with rubris:
+            watchdog = asyncio.create_task(orphan_watchdog())
+            try:
+                yield
+            finally:
+                publisher.stop()
+                watchdog.cancel()
+
+    app = Starlette(
+        routes=[
+            Route("/control/start", start, methods=["POST"]),
+            Route("/control/stop", stop, methods=["POST"]),
+            Route("/control/stats", stats, methods=["GET"]),
+            Mount("/rubris", rubris),
+        ],
+        lifespan=lifespan,
+    )
+    return app, rubris, publisher
+
+
+async def orphan_watchdog() -> None:
+    """Exit when the process that started us is gone: a benchmark leaves nothing behind."""
+    parent = os.getppid()
+    while True:
+        await asyncio.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--topics", type=int, default=10)
+    ap.add_argument("--ring", type=int, default=1024)
+    ap.add_argument("--pad", type=int, default=40)
+    ap.add_argument("--cpu", type=int, default=None, help="pin to this core")
+    args = ap.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    raise_nofile()
+    app, _, _ = build(args.topics, args.ring, args.pad)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4096)
+    config = uvicorn.Config(
+        app,
+        loop="uvloop",
+        http="httptools",
+        ws="websockets-sansio",
+        ws_per_message_deflate=False,
+        ws_ping_interval=None,
+        ws_ping_timeout=None,
+        log_level="warning",
+        lifespan="on",
+        backlog=4096,
+        timeout_graceful_shutdown=5,
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    server.run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,637 @@
+"""Fan-out benchmark over real sockets: one server process, one load process, 127.0.0.1 only.
+
+Not a test. The server (bench/_fanout_server.py: uvicorn with uvloop, httptools and the
+``websockets-sansio`` WebSocket implementation, no permessage-deflate, a Starlette app with Rubris
+mounted at /rubris) runs in a subprocess pinned to core 0. This process is the load, pinned to
+core 1: N WebSocket clients (bench/_fanout_load.py) in one uvloop event loop.
+
+Every client subscribes to *all* T ring topics ``bench.0`` .. ``bench.{T-1}`` (ring of 1024, so
+nothing is conflated and every delivery counts). "1,000 clients x 10 topics" is therefore 10,000
+subscriptions, and one publish *round* (one message to each topic) is 10,000 deliveries. The
+wide cases are 5,000 clients x 10 topics (50,000 subscriptions, up to 10 messages a frame) and
+5,000 clients x 1 topic (one message a frame: the per-frame cost). Payloads are ~80-byte orjson
+``{"t": <CLOCK_MONOTONIC ns>, "i": <round>, "pad": "xxx..."}``, not compressed.
+
+Each case starts a fresh server, measures its RSS, connects the clients, measures its RSS again,
+then runs its phases. Each phase publishes through warm-up and the measured window:
+
+    max     closed loop: the server's publisher sends a round whenever fewer than 2 rounds of
+            deliveries wait to be framed, i.e. as fast as the server frames and writes them
+    half    open loop at half the delivered rate that ``max`` measured
+    <rate>  open loop at that many deliveries/s; 1,000 x 10 runs 200000 (the target) and
+            100000 (half the target, the latency figure the target names)
+
+Open-loop rounds are stamped with their scheduled time, so a server that falls behind (and so
+delays its own publisher) shows as latency (no coordinated omission). A phase is ``sustained``
+when it lost nothing to a lapped ring (GAP) and, open loop, the clients received >= 90 % of the
+offered rate with latency p99 under 1 s; closed loop, when everything published arrived. If the
+load process saturates instead of the server (``load_cpu_pct`` ~100, ``bottleneck: load``), the
+figure is the load's limit, not the server's.
+
+Figures per phase: delivered messages/s (counted by the clients), publish-to-receive latency
+p50/p99, cross-client skew p50/p99 (for one message, last receive minus first receive across
+the clients that got it; every message is sampled with >= 500 clients, every 8th seq below),
+server CPU seconds per million deliveries and server CPU % (its own window, from getrusage),
+load CPU %, the server's garbage-collection time, per-core use of the machine, and server RSS
+per connection ((RSS after connecting - RSS before) / N, after a gc in the server; includes the
+session and its subscriptions). A window in which other processes used one of the two cores is
+marked ``NOISY`` and measured again (``--noisy-retries``, default 1); before each phase the
+run waits (``--quiet-wait``, up to 5 s) for both cores to be idle.
+
+    python bench/fanout.py            # full run, about 2 minutes
+    python bench/fanout.py --quick    # 100 x 10 and 1,000 x 10, shorter phases, about 30 s
+
+The last line of output is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import resource
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import uvloop
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from _fanout_load import (  # noqa: E402
+    Client,
+    GcTimer,
+    Recorder,
+    close_clients,
+    open_clients,
+    pinger,
+)
+
+SERVER = os.path.join(HERE, "_fanout_server.py")
+TARGET_DELIVERED = 200_000
+MAIN_PHASES = ["max", "half", str(TARGET_DELIVERED), str(TARGET_DELIVERED // 2)]
+SERVER_CORE = 0
+LOAD_CORE = 1
+LOAD_GC = GcTimer()
+NOISY_PCT = 15.0
+"""Busy % of a core beyond what our process on it used: other work was running there."""
+
+
+@dataclass
+class Case:
+    clients: int
+    topics: int
+    phases: list[str]
+    results: list[dict[str, Any]] = field(default_factory=list)
+    quiet_wait_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- control channel
+
+
+async def http(port: int, method: str, path: str, timeout: float = 60.0) -> Any:
+    """One HTTP/1.1 request to the server's control endpoints; returns the JSON body."""
+
+    async def go() -> Any:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(
+                f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            data = await reader.read()
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        head, _, body = data.partition(b"\r\n\r\n")
+        status = head.split(b" ", 2)[1]
+        if status != b"200":
+            raise RuntimeError(f"{method} {path}: HTTP {status.decode()}: {body[:200]!r}")
+        return orjson.loads(body)
+
+    return await asyncio.wait_for(go(), timeout)
+
+
+class Server:
+    """The server subprocess: started per case, stopped (SIGTERM, then SIGKILL) after it."""
+
+    def __init__(self, topics: int, pin: bool) -> None:
+        self.topics = topics
+        self.pin = pin
+        self.proc: asyncio.subprocess.Process | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        args = [sys.executable, SERVER, "--topics", str(self.topics)]
+        if self.pin:
+            args += ["--cpu", str(SERVER_CORE)]
+        # its own session: a Ctrl-C in the terminal reaches only this process, which then stops
+        # the server itself (SIGTERM); the server also exits if this process disappears
+        self.proc = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.PIPE, start_new_session=True
+        )
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 30)
+        if not line.startswith(b"PORT "):
+            raise RuntimeError(f"server did not start: {line!r}")
+        self.port = int(line.split()[1])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                await http(self.port, "GET", "/control/stats")
+                return
+            except (OSError, RuntimeError, asyncio.TimeoutError):
+                if time.monotonic() > deadline or self.proc.returncode is not None:
+                    raise
+                await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def load_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def cpu_ticks() -> dict[str, list[int]]:
+    """Per-core busy and steal jiffies from /proc/stat: is anything else using our cores?"""
+    out: dict[str, list[int]] = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                name, *vals = line.split()
+                v = [int(x) for x in vals]
+                idle = v[3] + v[4]
+                out[name] = [sum(v[:8]) - idle, sum(v[:8]), v[7], v[6]]
+    return out
+
+
+def core_usage(a: dict[str, list[int]], b: dict[str, list[int]]) -> dict[str, float]:
+    usage: dict[str, float] = {}
+    for name in sorted(b):
+        busy = b[name][0] - a[name][0]
+        total = b[name][1] - a[name][1]
+        steal = b[name][2] - a[name][2]
+        softirq = b[name][3] - a[name][3]
+        usage[f"{name}_busy_pct"] = round(100 * busy / total, 1) if total else 0.0
+        usage[f"{name}_steal_pct"] = round(100 * steal / total, 1) if total else 0.0
+        usage[f"{name}_softirq_pct"] = round(100 * softirq / total, 1) if total else 0.0
+    return usage
+
+
+def pct(sorted_values: list[int], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return float(sorted_values[i])
+
+
+def ms(ns: float) -> float | None:
+    """Nanoseconds as milliseconds for the report; None when there was nothing to measure."""
+    return None if ns != ns else round(ns / 1e6, 3)
+
+
+def fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+async def wait_quiet(limit: float, threshold: float = 10.0) -> float:
+    """Between phases our two processes are idle: wait (up to ``limit`` s) until both cores
+    are, so that other processes on a shared machine do not run into the next window."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        a = cpu_ticks()
+        await asyncio.sleep(0.25)
+        usage = core_usage(a, cpu_ticks())
+        cores = (f"cpu{SERVER_CORE}_busy_pct", f"cpu{LOAD_CORE}_busy_pct")
+        if all(usage.get(c, 0.0) < threshold for c in cores):
+            break
+    return time.monotonic() - started
+
+
+async def drain(rec: Recorder, quiet: float = 0.3, limit: float = 10.0) -> None:
+    """Wait until no message has arrived for ``quiet`` seconds (or ``limit`` passes)."""
+    deadline = time.monotonic() + limit
+    last = rec.count
+    while time.monotonic() < deadline:
+        await asyncio.sleep(quiet)
+        if rec.count == last:
+            return
+        last = rec.count
+
+
+async def run_phase(
+    port: int,
+    rec: Recorder,
+    clients: int,
+    topics: int,
+    phase: str,
+    mode: str,
+    rounds_per_s: float,
+    warmup: float,
+    measure: float,
+) -> dict[str, Any]:
+    rec.reset()
+    n_start = rec.count
+    # the publisher runs until told to stop (the time limit is only a safety net): a control
+    # answer that comes late, because the server or the load is saturated, cannot end the
+    # publishing before the window does
+    limit = 10 * (warmup + measure) + 30
+    if mode == "closed":
+        await http(port, "POST", f"/control/start?mode=closed&window=2&seconds={limit}")
+    else:
+        await http(
+            port, "POST", f"/control/start?mode=open&rate={rounds_per_s:.6f}&seconds={limit}"
+        )
+    await asyncio.sleep(warmup)
+    s0 = await http(port, "GET", "/control/stats?mark=1")
+    c0 = load_cpu()
+    k0 = cpu_ticks()
+    g0 = LOAD_GC.info(mark=True)
+    t0 = time.monotonic_ns()
+    n0 = rec.count
+    rec.recording = True
+    await asyncio.sleep(measure)
+    rec.recording = False
+    t1 = time.monotonic_ns()
+    n1 = rec.count
+    c1 = load_cpu()
+    k1 = cpu_ticks()
+    g1 = LOAD_GC.info()
+    s1 = await http(port, "GET", "/control/stats")
+    await http(port, "POST", "/control/stop")
+    await drain(rec)
+    s2 = await http(port, "GET", "/control/stats")
+
+    wall = (t1 - t0) / 1e9
+    # the server's figures over its own window: a busy server answers the stats request late,
+    # so its window is not exactly the load's
+    server_wall = (s1["now_ns"] - s0["now_ns"]) / 1e9
+    delivered = n1 - n0
+    per_round = s1["publisher"]["deliveries_per_round"]
+    published_rounds = s1["publisher"]["run_rounds"] - s0["publisher"]["run_rounds"]
+    published_rate = published_rounds * per_round / server_wall
+    delivered_rate = delivered / wall
+    offered = rounds_per_s * per_round if mode == "open" else published_rate
+    # everything published in the phase (warm-up and window) against everything received
+    complete = (rec.count - n_start) / max(1, s2["publisher"]["run_rounds"] * per_round)
+    framed = s1["cycle"]["messages"] - s0["cycle"]["messages"]
+    server_cpu = (s1["cpu_user"] + s1["cpu_sys"]) - (s0["cpu_user"] + s0["cpu_sys"])
+    lat = sorted(rec.lat)
+    # skew: sampled messages first received inside the window, over every client that got them
+    window = [e for e in rec.skew.values() if t0 <= e[0] <= t1]
+    skews = sorted(e[1] - e[0] for e in window if e[2] > 1)
+    latency_p99_ms = pct(lat, 0.99) / 1e6
+    ratio = delivered_rate / offered if offered else 0.0
+    # closed loop: the publisher waits for the server, so the rate is whatever it delivers and
+    # latency is the depth of the publisher's window; open loop: a server that falls behind
+    # delivers less than the offered rate and its latency grows
+    if mode == "open":
+        sustained = ratio >= 0.9 and latency_p99_ms < 1000 and rec.gaps == 0
+    else:
+        sustained = complete >= 0.99 and rec.gaps == 0
+    server_cpu_pct = server_cpu / server_wall * 100
+    load_cpu_pct = (c1 - c0) / wall * 100
+    machine = core_usage(k0, k1)
+    other = {
+        f"cpu{SERVER_CORE}": machine.get(f"cpu{SERVER_CORE}_busy_pct", 0.0) - server_cpu_pct,
+        f"cpu{LOAD_CORE}": machine.get(f"cpu{LOAD_CORE}_busy_pct", 0.0) - load_cpu_pct,
+    }
+    if server_cpu_pct >= 90 and load_cpu_pct >= 90:
+        bottleneck = "server and load"
+    elif server_cpu_pct >= 90:
+        bottleneck = "server"
+    elif load_cpu_pct >= 90:
+        bottleneck = "load"
+    else:
+        bottleneck = "none" if mode == "open" else "other (neither process saturated)"
+    gc0, gc1 = s0["gc"], s1["gc"]
+    return {
+        "phase": phase,
+        "clients": clients,
+        "topics": topics,
+        "subscriptions": clients * topics,
+        "mode": "closed-loop" if mode == "closed" else "open-loop",
+        "target_delivered_per_s": None if mode == "closed" else round(rounds_per_s * per_round),
+        "delivered_per_s": round(delivered_rate),
+        "published_x_subscribers_per_s": round(published_rate),
+        "delivered_ratio": round(ratio, 4),
+        "complete_ratio": round(complete, 4),
+        "sustained": sustained,
+        "latency_p50_ms": ms(pct(lat, 0.50)),
+        "latency_p99_ms": ms(pct(lat, 0.99)),
+        "latency_max_ms": ms(pct(lat, 1.0)),
+        "skew_p50_ms": ms(pct(skews, 0.50)),
+        "skew_p99_ms": ms(pct(skews, 0.99)),
+        "skew_samples": len(skews),
+        "skew_samples_all_clients": sum(1 for e in window if e[2] == clients),
+        "server_cpu_s_per_million": round(server_cpu / framed * 1e6, 3) if framed else None,
+        "server_cpu_pct": round(server_cpu_pct, 1),
+        "load_cpu_pct": round(load_cpu_pct, 1),
+        "bottleneck": bottleneck,
+        "messages_per_frame": round(framed / (s1["cycle"]["frames"] - s0["cycle"]["frames"]), 2)
+        if s1["cycle"]["frames"] > s0["cycle"]["frames"]
+        else None,
+        "publisher_max_late_ms": round(s1["publisher"]["max_late_ms"], 3),
+        "server_gc_ms": round((sum(gc1["seconds"]) - sum(gc0["seconds"])) * 1000, 1),
+        "server_gc_full": gc1["count"][2] - gc0["count"][2],
+        "server_gc_max_pause_ms": round(gc1["max_ms"], 1),  # within the window
+        "server_rss_end_mb": round(s1["rss"] / 2**20, 1),
+        "server_failed_sends_max": s1["failed_sends_max"],
+        "load_gc_ms": round((sum(g1["seconds"]) - sum(g0["seconds"])) * 1000, 1),
+        "load_gc_max_pause_ms": round(g1["max_ms"], 1),
+        "gaps": rec.gaps,
+        "lost_to_gaps": rec.lost,
+        "other_cpu_pct": {k: round(v, 1) for k, v in other.items()},
+        "machine": machine,
+        "window_s": round(wall, 3),
+    }
+
+
+def describe(r: dict[str, Any]) -> str:
+    verdict = "sustained" if r["sustained"] else "NOT SUSTAINED"
+    rate = (
+        "max (closed loop)"
+        if r["target_delivered_per_s"] is None
+        else f"open loop @ {r['target_delivered_per_s']:,}/s"
+    )
+    keep = "" if r["mode"] == "closed-loop" else f"{r['delivered_ratio']:.0%} of offered, "
+    line = (
+        f"{r['clients']:>5,} x {r['topics']:<2} {r['phase']:<6} {rate:<25} "
+        f"delivered {r['delivered_per_s']:>7,}/s ({keep}{verdict}) "
+        f"| latency p50 {fmt(r['latency_p50_ms'])} p99 {fmt(r['latency_p99_ms'])} ms "
+        f"| skew p50 {fmt(r['skew_p50_ms'])} p99 {fmt(r['skew_p99_ms'])} ms "
+        f"| server {fmt(r['server_cpu_s_per_million'], '.2f')} CPU-s/M msgs, "
+        f"{r['server_cpu_pct']:.0f}% CPU, {r['server_rss_per_conn_kb']:.1f} KB/conn, "
+        f"GC {r['server_gc_ms']:.0f} ms "
+        f"| load {r['load_cpu_pct']:.0f}% CPU"
+    )
+    if noisy(r):
+        line += " | NOISY: other work on " + ", ".join(
+            f"{k} {v:.0f}%" for k, v in r["other_cpu_pct"].items() if v > NOISY_PCT
+        )
+    return line
+
+
+def noisy(r: dict[str, Any]) -> bool:
+    """Did other processes use one of our two cores during the window?"""
+    return any(v > NOISY_PCT for v in r["other_cpu_pct"].values())
+
+
+async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
+    server = Server(case.topics, pin)
+    # skew: every message of every topic with many clients (few rounds per second), every 8th
+    # seq with few clients (many rounds per second, few deliveries each)
+    rec = Recorder(sample=1 if case.clients >= 500 else 8)
+    clients: list[Client] = []
+    ping_task: asyncio.Task[None] | None = None
+    try:
+        await server.start()
+        port = server.port
+        await asyncio.sleep(0.2)
+        before = await http(port, "GET", "/control/stats?gc=1")
+        url = f"ws://127.0.0.1:{port}/rubris/ws"
+        names = [f"bench.{i}" for i in range(case.topics)]
+        t = time.monotonic()
+        clients = await open_clients(url, case.clients, names, rec, args.decode)
+        connect_s = time.monotonic() - t
+        await asyncio.sleep(0.3)
+        after = await http(port, "GET", "/control/stats?gc=1")
+        if args.server_gc != "default":
+            await http(port, "GET", f"/control/stats?gc=1&gc_mode={args.server_gc}")
+        if after["connected"] != case.clients:
+            raise RuntimeError(f"{after['connected']} of {case.clients} clients connected")
+        rss_per_conn_kb = (after["rss"] - before["rss"]) / case.clients / 1024
+        LOAD_GC.collect()
+        gc.freeze()  # the clients are long-lived: keep them out of the load's gc passes
+        ping_task = asyncio.get_running_loop().create_task(pinger(clients))
+        print(
+            f"{case.clients:>5,} clients x {case.topics} topics: connected and subscribed in "
+            f"{connect_s:.1f} s; server RSS {before['rss'] / 2**20:.0f} -> "
+            f"{after['rss'] / 2**20:.0f} MiB ({rss_per_conn_kb:.1f} KB per connection)",
+            flush=True,
+        )
+        per_round = case.clients * case.topics
+        max_delivered = 0.0
+        quiet_wait = 0.0
+        for phase in case.phases:
+            if phase == "max":
+                mode, rounds = "closed", 0.0
+            elif phase == "half":
+                if not max_delivered:
+                    raise RuntimeError("'half' needs a 'max' phase before it")
+                mode, rounds = "open", max_delivered / 2 / per_round
+            elif phase.isdigit():
+                mode, rounds = "open", int(phase) / per_round
+                phase = "fixed"
+            else:
+                raise ValueError(f"unknown phase {phase!r}: max, half or a delivered rate")
+            attempts: list[dict[str, Any]] = []
+            for attempt in range(1, args.noisy_retries + 2):
+                quiet_wait += await wait_quiet(args.quiet_wait)
+                r = await run_phase(
+                    port,
+                    rec,
+                    case.clients,
+                    case.topics,
+                    phase,
+                    mode,
+                    rounds,
+                    args.warmup,
+                    args.measure,
+                )
+                r["server_rss_per_conn_kb"] = round(rss_per_conn_kb, 2)
+                r["connect_s"] = round(connect_s, 2)
+                r["attempt"] = attempt
+                attempts.append(r)
+                print(describe(r), flush=True)
+                if not noisy(r):
+                    break
+                if attempt <= args.noisy_retries:
+                    print("      (other processes used our cores: measuring again)", flush=True)
+            r = attempts[-1]
+            if noisy(r):
+                # noise only ever slows us down: the best maximum is the least disturbed one
+                if phase == "max":
+                    r = max(attempts, key=lambda a: a["delivered_per_s"])
+                else:
+                    r = min(attempts, key=lambda a: max(a["other_cpu_pct"].values()))
+            if phase == "max":
+                max_delivered = r["delivered_per_s"]
+            case.results.append(r)
+        case.quiet_wait_s = round(quiet_wait, 1)
+    finally:
+        if ping_task is not None:
+            ping_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ping_task
+        gc.unfreeze()
+        try:
+            await close_clients(clients)
+        finally:
+            await server.stop()
+            server.kill()
+
+
+def verdict(cases: list[Case]) -> dict[str, Any]:
+    """The issue's targets, checked against the 1,000 x 10 case.
+
+    Throughput: at least 200,000 deliveries/s sustained (open loop at that rate: delivered
+    >= 90 % of it, bounded latency, nothing lost). Latency: p99 under 50 ms at half that rate
+    (open loop at 100,000/s); the p99 at half the measured maximum is reported beside it.
+    """
+    main = next((c for c in cases if c.clients == 1000 and c.topics == 10), None)
+    if main is None:
+        return {}
+    by = {r["phase"]: r for r in main.results}
+    fixed = {r["target_delivered_per_s"]: r for r in main.results if r["phase"] == "fixed"}
+    mx, half = by.get("max"), by.get("half")
+    at_target, at_half_target = fixed.get(TARGET_DELIVERED), fixed.get(TARGET_DELIVERED // 2)
+    return {
+        "case": "1,000 clients x 10 topics",
+        "target_delivered_per_s": TARGET_DELIVERED,
+        "max_delivered_per_s": mx and mx["delivered_per_s"],
+        "max_bottleneck": mx and mx["bottleneck"],
+        "sustained_at_target": at_target and at_target["sustained"],
+        "latency_p99_ms_at_target": at_target and at_target["latency_p99_ms"],
+        "throughput_met": bool(
+            at_target
+            and at_target["sustained"]
+            and mx
+            and mx["delivered_per_s"] >= TARGET_DELIVERED
+        ),
+        "latency_p99_ms_at_half_target": at_half_target and at_half_target["latency_p99_ms"],
+        "latency_met": bool(
+            at_half_target and at_half_target["sustained"] and at_half_target["latency_p99_ms"] < 50
+        ),
+        "latency_p99_ms_at_half_max": half and half["latency_p99_ms"],
+    }
+
+
+async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
+    if args.quick:
+        cases = [Case(100, 10, ["max", "half"]), Case(1000, 10, MAIN_PHASES)]
+    else:
+        cases = [
+            Case(100, 10, ["max", "half"]),
+            Case(1000, 10, MAIN_PHASES),
+            Case(5000, 10, ["max", "half"]),
+            Case(5000, 1, ["max", "half"]),
+        ]
+    if args.clients:
+        cases = [Case(args.clients, args.topics, args.phases.split(","))]
+    started = time.monotonic()
+    for case in cases:
+        await run_case(case, args, pin)
+    return {
+        "bench": "fanout",
+        "cores": os.cpu_count(),
+        "pinned": {"server": SERVER_CORE, "load": LOAD_CORE} if pin else None,
+        "python": sys.version.split()[0],
+        "decode": args.decode,
+        "server_gc": args.server_gc,
+        "warmup_s": args.warmup,
+        "measure_s": args.measure,
+        "noisy_phases": sum(1 for c in cases for r in c.results if noisy(r)),
+        "quiet_wait_s": round(sum(c.quiet_wait_s for c in cases), 1),
+        "duration_s": round(time.monotonic() - started, 1),
+        "targets": verdict(cases),
+        "cases": [r for c in cases for r in c.results],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="fewer cases, shorter phases")
+    ap.add_argument("--warmup", type=float, default=None, help="seconds before each window")
+    ap.add_argument("--measure", type=float, default=None, help="seconds measured per phase")
+    ap.add_argument(
+        "--decode",
+        choices=["fast", "full"],
+        default="fast",
+        help="full: every frame through iter_messages + orjson (slower load side)",
+    )
+    ap.add_argument(
+        "--server-gc",
+        choices=["default", "freeze", "off"],
+        default="default",
+        help="experiment: gc.freeze() or gc.disable() in the server once the clients are "
+        "connected (default: leave the server's garbage collector alone)",
+    )
+    ap.add_argument(
+        "--noisy-retries",
+        type=int,
+        default=1,
+        help="measure a phase again (up to N times) when other processes used our cores",
+    )
+    ap.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=5.0,
+        help="before each phase, wait up to this many seconds for both cores to be idle",
+    )
+    ap.add_argument("--clients", type=int, default=0, help="run one custom case instead")
+    ap.add_argument("--topics", type=int, default=10, help="with --clients")
+    ap.add_argument(
+        "--phases",
+        default="max,half",
+        help="with --clients: comma-separated max, half, or a delivered rate such as 200000",
+    )
+    args = ap.parse_args()
+    if args.warmup is None:
+        args.warmup = 0.5 if args.quick else 1.0
+    if args.measure is None:
+        args.measure = 3.0 if args.quick else 5.0
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    pin = (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity")
+    if pin:
+        os.sched_setaffinity(0, {LOAD_CORE})
+    else:
+        print("fewer than 2 cores: server and load share the CPU, figures are pessimistic")
+    print(
+        f"fanout: cores={os.cpu_count()} python={sys.version.split()[0]} "
+        f"server core {SERVER_CORE}, load core {LOAD_CORE}, decode={args.decode}",
+        flush=True,
+    )
+    try:
+        summary = uvloop.run(amain(args, pin))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    print(json.dumps(summary, separators=(",", ":"), allow_nan=False), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -44,7 +44,8 @@ def make_rubris(**overrides: Any) -> Rubris:
 
     @rubris.rpc("whoami")
     async def whoami(session: Session, args: Any) -> Any:
-        return {"session": session.id, "user": str(session.user)}
+        user = session.user
+        return {"session": session.id, "user": getattr(user, "display_name", user)}
 
     @rubris.rpc("count")
     async def count(session: Session, args: Any) -> AsyncIterator[int]:

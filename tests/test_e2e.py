@@ -195,3 +195,35 @@ async def test_clean_shutdown_sends_goodbye_and_leaves_no_task() -> None:
     left = {t for t in asyncio.all_tasks() - before if not t.done()}
     left.discard(asyncio.current_task())  # type: ignore[arg-type]
     assert left == set(), left
+
+
+async def test_starlette_authentication_reaches_handlers() -> None:
+    from starlette.applications import Starlette
+    from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
+    from starlette.middleware import Middleware
+    from starlette.middleware.authentication import AuthenticationMiddleware
+    from starlette.requests import HTTPConnection
+    from starlette.routing import Mount
+
+    class HeaderAuth(AuthenticationBackend):
+        async def authenticate(self, conn: HTTPConnection) -> Any:
+            name = conn.headers.get("x-user")
+            return (AuthCredentials(["authenticated"]), SimpleUser(name)) if name else None
+
+    rubris = make_rubris()
+    app = Starlette(
+        routes=[Mount("/rubris", rubris)],
+        middleware=[Middleware(AuthenticationMiddleware, backend=HeaderAuth())],
+        lifespan=rubris.lifespan,
+    )
+    async with run_server(app) as base:
+        for transport in TRANSPORTS:
+            async with Client(
+                base + "/rubris",
+                transport=transport,  # type: ignore[arg-type]
+                headers={"x-user": "alice"},
+            ) as c:
+                me = await c.call("whoami")
+                assert me == {"session": c.session_id, "user": "alice"}
+                session = rubris.engine.sessions[c.session_id]  # type: ignore[index]
+                assert session.user.username == "alice"

@@ -1,0 +1,592 @@
+"""The demo page in a real browser: headless Chromium driven by Playwright (sync API).
+
+The demo app runs as a subprocess (``python -m example_app --port P``), so that the restart test
+restarts a real process on the same port. Each test gets its own server and browser context; the
+browser is shared by the module. Every wait is on a condition in the page, bounded by a timeout.
+
+Console errors and uncaught page errors fail a test, except the connection errors a deliberate
+server restart is expected to cause.
+
+``RUBRIS_UPDATE_DOCS_SCREENSHOT=1`` also writes docs/images/demo.png (the docs' screenshot);
+test-output/demo.png is written on every run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+VIEWPORT = {"width": 1440, "height": 900}
+WAIT_MS = 10_000  # default bound of one wait in the page
+RECOVER_MS = 20_000  # bound of the reconnect after a server restart (backoff caps at 5 s)
+SERVER_START_S = 20.0
+PRICE = re.compile(r"^\d{1,3}(,\d{3})*\.\d{2}$")  # how the page formats a price: 1,234.56
+
+# What a browser logs while the server is gone: refused WebSocket handshakes and fetches, and
+# the 5xx a shutting-down server may answer with.
+RESTART_NOISE = re.compile(
+    r"WebSocket connection to .* failed"
+    r"|net::ERR_CONNECTION_(REFUSED|RESET|CLOSED)"
+    r"|net::ERR_EMPTY_RESPONSE"
+    r"|Failed to load resource: the server responded with a status of 5\d\d"
+)
+
+
+# ---- the demo server ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DemoServer:
+    """``python -m example_app`` on a fixed port; its output goes to a log file."""
+
+    def __init__(self, port: int, log_dir: Path) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_dir / f"server-{port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        assert self.proc is None, "already running"
+        self.starts += 1
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with self.log_path.open("ab") as log:
+            log.write(f"---- start #{self.starts} ----\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "example_app", "--port", str(self.port)],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + SERVER_START_S
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                self.proc = None
+                raise AssertionError(f"the demo server exited at start-up:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/", timeout=2) as res:
+                    if res.status == 200:
+                        return
+            except OSError as exc:
+                last = exc
+            time.sleep(0.05)
+        raise AssertionError(
+            f"the demo server did not answer GET / within {SERVER_START_S} s ({last}):\n"
+            f"{self.log_tail()}"
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: the process dies without closing a thing, as in a crash."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def stop(self) -> None:
+        """SIGTERM (uvicorn's graceful shutdown), then SIGKILL if it takes too long."""
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no server log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+# ---- the page -------------------------------------------------------------------------------
+
+
+@dataclass
+class Demo:
+    """A page of the demo with its console and page errors recorded."""
+
+    page: Page
+    server: DemoServer
+    errors: list[str] = field(default_factory=list)
+    console: list[str] = field(default_factory=list)
+    allowed: list[tuple[int, int]] = field(default_factory=list)  # error index windows
+
+    def __post_init__(self) -> None:
+        self.page.on("console", self._on_console)
+        self.page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+
+    def _on_console(self, msg: ConsoleMessage) -> None:
+        loc = msg.location
+        where = f" ({loc.get('url', '')}:{loc.get('lineNumber', '')})" if loc else ""
+        line = f"{msg.type}: {msg.text}{where}"
+        self.console.append(line)
+        if msg.type == "error":
+            self.errors.append(line)
+
+    def open(self, path: str = "/") -> None:
+        self.page.goto(self.server.url + path, wait_until="load")
+        self.wait("window.rubris !== undefined", what="the page to create window.rubris")
+
+    def wait(self, expression: str, arg: Any = None, *, what: str, timeout: float = WAIT_MS) -> Any:
+        """Wait until `expression` (a JS expression or function of `arg`) is truthy."""
+        try:
+            handle = self.page.wait_for_function(expression, arg=arg, timeout=timeout)
+            return handle.json_value()
+        except PlaywrightTimeoutError:
+            raise AssertionError(
+                f"timed out after {timeout / 1000:g} s waiting for {what}\n"
+                f"page status: {self.status()}\n"
+                f"console (last 15):\n  " + "\n  ".join(self.console[-15:]) + "\n"
+                f"server log:\n{self.server.log_tail(15)}"
+            ) from None
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return dict(
+                self.page.evaluate(
+                    """() => ({
+                        transport: document.getElementById('status-transport').textContent,
+                        state: document.getElementById('status-state').textContent,
+                        resumed: document.getElementById('status-resumed').textContent,
+                        notice: document.getElementById('status-notice').textContent,
+                        client: window.rubris && {
+                            state: window.rubris.state, transport: window.rubris.transport,
+                            session: window.rubris.sessionId, stats: window.rubris.stats,
+                        },
+                    })"""
+                )
+            )
+        except PlaywrightError as exc:
+            return {"unavailable": str(exc)}
+
+    def text(self, selector: str) -> str:
+        return self.page.locator(selector).inner_text().strip()
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.page.evaluate("() => window.rubris.stats"))
+
+    # ---- connection --------------------------------------------------------------------------
+
+    def wait_open(self, transport: str, timeout: float = WAIT_MS) -> None:
+        """The status bar says `transport`, open (painted from the client's state events)."""
+        self.wait(
+            """(t) => document.getElementById('status-state').textContent === 'open'
+                   && document.getElementById('status-transport').textContent === t""",
+            transport,
+            what=f"#status-state 'open' over {transport}",
+            timeout=timeout,
+        )
+
+    # ---- watchlist, tape ---------------------------------------------------------------------
+
+    def last_prices(self) -> dict[str, str]:
+        return dict(
+            self.page.evaluate(
+                """() => Object.fromEntries([...document.querySelectorAll('#grid tr[data-symbol]')]
+                    .map((tr) => [tr.dataset.symbol, tr.querySelector('.last').textContent]))"""
+            )
+        )
+
+    def wait_prices(self) -> dict[str, str]:
+        """Wait for the watchlist to be built and priced; returns symbol → last."""
+        self.wait(
+            """() => {
+                const cells = [...document.querySelectorAll('#grid tr[data-symbol] .last')];
+                return cells.length > 0 && cells.every((td) => td.textContent !== '—');
+            }""",
+            what="every #grid .last cell to show a price",
+        )
+        prices = self.last_prices()
+        bad = {s: p for s, p in prices.items() if not PRICE.match(p)}
+        assert not bad, f"badly formatted prices: {bad}"
+        return prices
+
+    def wait_prices_change(self, before: dict[str, str]) -> list[str]:
+        """Wait until some `.last` cell differs from `before`; returns the symbols that moved."""
+        moved = self.wait(
+            """(before) => {
+                const moved = [...document.querySelectorAll('#grid tr[data-symbol]')]
+                    .filter((tr) => {
+                        const last = tr.querySelector('.last').textContent;
+                        return last !== '—' && last !== before[tr.dataset.symbol];
+                    })
+                    .map((tr) => tr.dataset.symbol);
+                return moved.length ? moved : false;
+            }""",
+            before,
+            what="a #grid .last price to change",
+        )
+        return list(moved)
+
+    def mark_tape(self) -> None:
+        """Tag the rows now on the tape, so new rows can be told apart."""
+        self.page.evaluate(
+            "() => document.querySelectorAll('#tape tr').forEach((tr) => { tr.dataset.old = '1'; })"
+        )
+
+    def wait_new_trades(self) -> list[dict[str, str]]:
+        rows = self.wait(
+            """() => {
+                const rows = [...document.querySelectorAll('#tape tr[data-id]:not([data-old])')];
+                return rows.length ? rows.map((tr) => ({
+                    id: tr.dataset.id, symbol: tr.dataset.symbol, side: tr.dataset.side,
+                    cells: [...tr.cells].map((td) => td.textContent),
+                })) : false;
+            }""",
+            what="a new trade row in #tape",
+        )
+        return list(rows)
+
+    # ---- order book --------------------------------------------------------------------------
+
+    def book_updates(self) -> int:
+        return int(self.page.locator("#book").get_attribute("data-updates") or "0")
+
+    def wait_book_updates_above(self, symbol: str, n: int, timeout: float = WAIT_MS) -> int:
+        return int(
+            self.wait(
+                """([symbol, n]) => {
+                    const book = document.getElementById('book');
+                    const u = Number(book.dataset.updates);
+                    return book.dataset.symbol === symbol && u > n ? u : false;
+                }""",
+                [symbol, n],
+                what=f"#book[data-symbol={symbol}] data-updates to grow past {n}",
+                timeout=timeout,
+            )
+        )
+
+    # ---- orders ------------------------------------------------------------------------------
+
+    def submit_order(self, symbol: str, side: str, qty: str) -> dict[str, str]:
+        """Fill in the ticket, submit it, wait for the answer; returns the #order-result."""
+        form = self.page.locator("#order-form")
+        form.locator("select[name=symbol]").select_option(symbol)
+        form.locator("select[name=side]").select_option(side)
+        form.locator("input[name=qty]").fill(qty)
+        # Back to idle first, so an earlier identical answer cannot pass for this one.
+        self.page.evaluate(
+            "() => { const r = document.getElementById('order-result');"
+            " r.dataset.status = 'idle'; r.textContent = ''; }"
+        )
+        form.locator("button[type=submit]").click()
+        result = self.wait(
+            """() => {
+                const r = document.getElementById('order-result');
+                return ['ok', 'error'].includes(r.dataset.status)
+                    ? {status: r.dataset.status, text: r.textContent,
+                       orderId: r.dataset.orderId ?? '', code: r.dataset.code ?? ''}
+                    : false;
+            }""",
+            what=f"#order-result to answer {side} {qty} {symbol}",
+        )
+        return dict(result)
+
+    def wait_fill(self, order_id: str) -> dict[str, Any]:
+        row = self.wait(
+            """(id) => {
+                const tr = document.querySelector(`#fills tr[data-order-id="${id}"]`);
+                if (!tr) return false;
+                const cells = [...tr.cells].map((td) => td.textContent);
+                return {symbol: tr.dataset.symbol, cells};
+            }""",
+            order_id,
+            what=f"a #fills row for order {order_id}",
+        )
+        return dict(row)
+
+    def order_round_trip(self, symbol: str, side: str, qty: int) -> None:
+        """Place a valid order through the form; it is accepted and comes back as a fill."""
+        result = self.submit_order(symbol, side, str(qty))
+        assert result["status"] == "ok", result
+        assert result["text"].startswith("Accepted"), result
+        assert result["orderId"].isdigit(), result
+        fill = self.wait_fill(result["orderId"])
+        _time, order, sym, side_text, qty_text, price = fill["cells"]
+        assert fill["symbol"] == symbol and sym == symbol, fill
+        assert order == result["orderId"], fill
+        assert side_text == side.upper(), fill
+        assert qty_text == f"{qty:,}", fill
+        assert PRICE.match(price), fill
+        assert self.page.locator("#fills-empty").is_hidden()
+
+    # ---- errors ------------------------------------------------------------------------------
+
+    def allow_restart_noise(self, start: int) -> None:
+        """Errors from index `start` to now may be connection noise (checked in assert_clean)."""
+        self.allowed.append((start, len(self.errors)))
+
+    def assert_clean(self) -> None:
+        def expected(i: int, line: str) -> bool:
+            return any(a <= i < b for a, b in self.allowed) and bool(RESTART_NOISE.search(line))
+
+        unexpected = [e for i, e in enumerate(self.errors) if not expected(i, e)]
+        assert not unexpected, "browser errors:\n  " + "\n  ".join(unexpected)
+
+
+def screenshot(page: Page) -> None:
+    out = ROOT / "test-output" / "demo.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(out))
+    if os.environ.get("RUBRIS_UPDATE_DOCS_SCREENSHOT") == "1":
+        docs = ROOT / "docs" / "images" / "demo.png"
+        docs.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out, docs)
+
+
+# ---- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not os.path.exists(CHROMIUM):
+        # Not a skip: CI installs chromium, and a suite that quietly skips hides a broken setup.
+        pytest.fail(
+            f"{CHROMIUM} is missing: the browser tests need Debian's chromium "
+            "(apt-get install chromium; .ci/run does it)",
+            pytrace=False,
+        )
+    pw: Playwright = sync_playwright().start()
+    try:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+    finally:
+        pw.stop()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[DemoServer]:
+    srv = DemoServer(free_port(), tmp_path)
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def demo(browser: Browser, server: DemoServer) -> Iterator[Demo]:
+    context = browser.new_context(viewport=VIEWPORT)  # type: ignore[arg-type]
+    context.set_default_timeout(WAIT_MS)
+    try:
+        yield Demo(context.new_page(), server)
+    finally:
+        context.close()
+
+
+# ---- tests ----------------------------------------------------------------------------------
+
+
+@pytest.mark.browser
+def test_websocket_prices_and_trades(demo: Demo) -> None:
+    demo.open("/")
+    demo.wait_open("websocket")
+    assert demo.text("#status-resumed") == "no"
+    assert demo.text("#conn-pill-text") == "Live · WebSocket"
+
+    before = demo.wait_prices()
+    assert len(before) == 50
+    demo.wait_prices_change(before)
+
+    trades = demo.wait_new_trades()
+    t = trades[0]
+    assert t["symbol"] in before and t["side"] in ("buy", "sell"), t
+    _time, sym, side, qty, price = t["cells"]
+    assert sym == t["symbol"] and side == t["side"].upper(), t
+    assert re.fullmatch(r"[\d,]+", qty) and PRICE.match(price), t
+
+    demo.wait(
+        "() => Number(document.getElementById('status-rate').textContent) > 0",
+        what="#status-rate to count messages",
+    )
+    stats = demo.stats()
+    assert stats["frames"] > 0 and stats["messages"] > stats["frames"], stats
+    demo.assert_clean()
+
+
+@pytest.mark.browser
+def test_compressed_order_book(demo: Demo) -> None:
+    demo.open("/")
+    demo.wait_open("websocket")
+    demo.wait_prices()
+    demo.wait("() => document.getElementById('book').dataset.symbol === 'AAPL'", what="AAPL book")
+
+    symbol = "NVDA"  # not the first row, which the page selects by itself
+    demo.page.locator(f"#grid tr[data-symbol={symbol}]").click()
+    demo.wait(
+        "(s) => document.getElementById('book-title-symbol').textContent === s",
+        symbol,
+        what=f"the book title to name {symbol}",
+    )
+    row_class = demo.page.locator(f"#grid tr[data-symbol={symbol}]").get_attribute("class")
+    assert "selected" in (row_class or "").split(), row_class
+    first = demo.wait_book_updates_above(symbol, 0)
+    demo.wait_book_updates_above(symbol, first)  # the counter keeps growing: live updates
+
+    # The ladder is painted from the (inflated) book: 50 levels of prices around the quote.
+    demo.wait(
+        "() => document.getElementById('book-codec').textContent === 'deflated'",
+        what="#book-codec to say 'deflated'",
+    )
+    levels = demo.page.evaluate(
+        """() => [...document.querySelectorAll('#book-levels tr')].map((tr) =>
+            [...tr.cells].map((td) => td.textContent))"""
+    )
+    assert len(levels) == 50
+    for bid_qty, bid, ask, ask_qty in levels:
+        assert PRICE.match(bid) and PRICE.match(ask), (bid, ask)
+        assert re.fullmatch(r"[\d,]+", bid_qty) and re.fullmatch(r"[\d,]+", ask_qty)
+    px = [float(c.replace(",", "")) for row in levels for c in row[1:3]]
+    best_bid, best_ask = px[0], px[1]
+    assert best_bid < best_ask
+    last = float(demo.last_prices()[symbol].replace(",", ""))
+    assert abs(best_bid - last) / last < 0.02, (best_bid, last, f"not {symbol}'s book")
+
+    stats = demo.stats()
+    assert stats["compressed"] > 0, stats
+    assert stats["bytesSaved"] > 0, stats
+    demo.wait(
+        "() => Number(document.getElementById('status-saved').dataset.bytes) > 0",
+        what="#status-saved to count the bytes deflate saved",
+    )
+    demo.assert_clean()
+
+
+@pytest.mark.browser
+def test_forced_longpoll(demo: Demo) -> None:
+    demo.open("/?transport=longpoll")
+    demo.wait_open("longpoll")
+    assert demo.text("#conn-pill-text") == "Live · long-poll"
+    demo.wait_prices_change(demo.wait_prices())
+    demo.wait_new_trades()
+    demo.wait_book_updates_above("AAPL", 0)  # deflated pushes decode over long-poll too
+    assert demo.stats()["compressed"] > 0
+    demo.order_round_trip("TSLA", "buy", 42)
+    assert demo.page.evaluate("() => window.rubris.transport") == "longpoll"
+    demo.assert_clean()
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("how", ["kill", "terminate"])
+def test_server_restart(demo: Demo, how: str) -> None:
+    demo.open("/")
+    demo.wait_open("websocket")
+    demo.wait_prices_change(demo.wait_prices())
+    demo.wait_new_trades()
+    demo.wait_book_updates_above("AAPL", 0)
+    old_session = demo.page.evaluate("() => window.rubris.sessionId")
+
+    noise_from = len(demo.errors)
+    if how == "kill":
+        demo.server.kill()
+    else:
+        demo.server.stop()
+    demo.wait(
+        "() => document.getElementById('status-state').textContent === 'reconnecting'",
+        what="#status-state 'reconnecting' once the server is gone",
+    )
+    demo.mark_tape()
+    before = demo.last_prices()
+    updates = demo.book_updates()
+
+    demo.server.start()  # a new process on the same port: new sessions, new epochs
+    demo.wait_open("websocket", timeout=RECOVER_MS)
+    demo.allow_restart_noise(noise_from)
+    session = demo.page.evaluate("() => window.rubris.sessionId")
+    assert session and session != old_session
+    # A new server cannot resume the old session: the page re-subscribed everything.
+    assert demo.text("#status-resumed") == "no"
+    demo.wait(
+        "() => document.getElementById('status-notice').textContent"
+        ".includes('subscriptions restored')",
+        what="the 'new session: subscriptions restored' notice",
+    )
+
+    demo.wait_prices_change(before)  # the re-subscribed snapshots…
+    demo.wait_prices_change(demo.last_prices())  # …and live updates after them
+    demo.wait_new_trades()
+    demo.wait_book_updates_above("AAPL", updates)
+    demo.order_round_trip("AAPL", "sell", 7)  # `fills` was re-subscribed before the call
+    demo.assert_clean()
+
+
+@pytest.mark.browser
+def test_order_fill_and_rejections(demo: Demo) -> None:
+    demo.open("/")
+    demo.wait_open("websocket")
+    demo.wait_prices()
+    assert demo.page.locator("#fills tr").count() == 0
+    demo.order_round_trip("MSFT", "buy", 1234)
+    demo.order_round_trip("GOOG", "sell", 10_000)
+    assert demo.page.locator("#fills tr").count() == 2
+
+    for qty in ("0", "20000", "-5"):
+        result = demo.submit_order("MSFT", "buy", qty)
+        assert result["status"] == "error", result
+        assert "qty must be a whole number from 1 to 10000" in result["text"], result
+        assert result["code"] == "10", result  # REJECTED: the server's answer, not the page's
+    result = demo.submit_order("MSFT", "buy", "2.5")
+    assert result == {
+        "status": "error",
+        "text": "Quantity must be a whole number.",
+        "orderId": "",
+        "code": "input",
+    }
+    assert demo.page.locator("#fills tr").count() == 2  # no fill for a refused order
+    assert demo.page.locator("#order-form button[type=submit]").is_enabled()
+
+    demo.order_round_trip("MSFT", "buy", 1234)  # the form still works after refusals
+    # A live-looking page for the screenshot: prices, tape, book and chart filled in.
+    demo.wait_book_updates_above("AAPL", 1)
+    demo.wait(
+        "() => document.querySelector('#chart .chart-line').getAttribute('points').length > 0",
+        what="the price chart to be drawn",
+    )
+    screenshot(demo.page)
+    demo.assert_clean()

@@ -1,0 +1,74 @@
+"""The client's exceptions, and the internal signals that end one connection."""
+
+from __future__ import annotations
+
+from ..errors import RubrisError
+
+__all__ = ["CallError", "ConnectionLost", "SubscribeRejected", "SubscriptionEnded"]
+
+
+class ConnectionLost(RubrisError, ConnectionError):
+    """The connection (or the session behind it) is gone; ``__cause__`` says why when known."""
+
+
+class CallError(RubrisError):
+    """A call answered with an error RESULT: ``code`` (protocol.md section 9) and ``message``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{message} (code {code})")
+        self.code = code
+        self.message = message
+
+
+class SubscribeRejected(RubrisError):
+    """SUBSCRIBE was answered with REJECTED: ``code`` and the server's ``reason``."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"{reason} (code {code})")
+        self.code = code
+        self.reason = reason
+
+
+class SubscriptionEnded(RubrisError):
+    """The subscription is over: ``code`` 0 when the client unsubscribed or closed, else the
+    server's code (UNSUBSCRIBED or REJECTED on a re-subscribe) and ``reason``."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"{reason} (code {code})" if code else reason)
+        self.code = code
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------- internal signals
+
+
+class _Lost(Exception):
+    """The connection ended in a way a reconnect can repair."""
+
+
+class _Fatal(Exception):
+    """The connection ended in a way a reconnect cannot repair (auth, protocol, superseded)."""
+
+
+class _Bye(Exception):
+    """The server said GOODBYE."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"server said goodbye: {reason} (code {code})")
+        self.code = code
+        self.reason = reason
+
+
+def _lost(message: str, cause: BaseException | None = None) -> ConnectionLost:
+    exc = ConnectionLost(message)
+    exc.__cause__ = cause
+    return exc
+
+
+def _copy(exc: BaseException) -> BaseException:
+    """A fresh instance to raise, so that one stored error does not grow every traceback."""
+    if isinstance(exc, SubscriptionEnded):
+        return SubscriptionEnded(exc.code, exc.reason)
+    if isinstance(exc, ConnectionLost):
+        return _lost(str(exc), exc.__cause__)
+    return exc

@@ -280,7 +280,9 @@ class Rubris:
         if scope["type"] == "lifespan":
             await self._lifespan_protocol(receive, send)
             return
-        if not self.started or self.draining:
+        # while draining, only new sessions are refused: a long-poll session's next poll is
+        # how it receives its GOODBYE 9
+        if not self.started or (self.draining and scope["type"] == "websocket"):
             reason = (
                 "server shutting down"
                 if self.draining
@@ -294,6 +296,8 @@ class Rubris:
         await self.router(scope, receive, send)
 
     async def _lp_open(self, request: Request) -> Response:
+        if self.draining:
+            return Response("server shutting down", 503)
         return await longpoll.open_session(self, request)
 
     async def _lp_poll(self, request: Request) -> Response:
@@ -378,7 +382,7 @@ class Rubris:
         ):
             await asyncio.sleep(0.01)
         for conn in list(self.connections):
-            await conn.abort(ErrorCode.SHUTTING_DOWN, "server shutting down")
+            await conn.abort(ErrorCode.SHUTTING_DOWN, "server shutting down", goodbye=True)
         for s in list(engine.sessions.values()):
             engine.end_session(s)
 
@@ -453,7 +457,7 @@ class Rubris:
                         "session %s blocked for %.1fs: closing", conn.session.id[:8], now - since
                     )
                     s = conn.session
-                    await conn.abort(ErrorCode.SLOW_CONSUMER, "slow consumer")
+                    await conn.abort(ErrorCode.SLOW_CONSUMER, "slow consumer", goodbye=True)
                     engine.end_session(s)
 
 

@@ -70,8 +70,9 @@ class WriterConfig:
     """The slow-client rules of the large-messages source document.
 
     A write that cannot complete at once is a *blocked write*. Each one counts as a failed send;
-    the session is then held back for ``failed_sends / blocked_writer_scaler * slot`` seconds
-    before it is scheduled again, and the count resets after ``failed_send_reset`` seconds
+    the session is then held back for ``failed_sends // blocked_writer_scaler * slot`` seconds
+    before it is scheduled again (integer division: one more slot every ``blocked_writer_scaler``
+    blocked writes), and the count resets after ``failed_send_reset`` seconds
     without a blocked write. A session that stays blocked for ``max_blocked`` is ended with
     GOODBYE 7 (slow consumer).
     """
@@ -92,7 +93,7 @@ class FlowConfig:
     """NAK-based adaptive rate control (flow control source document, protocol.md section 8).
 
     A NAK(fill) lowers the session's frame rate: its minimum interval between frames becomes
-    ``base_interval * 2 ** (strength)`` where strength is 1, 2, 3, 4 for 50, 75, 87 and 100 %
+    ``base_interval * 2 ** (strength - 1)`` where strength is 1, 2, 3, 4 for 50, 75, 87 and 100 %
     (the strongest NAK within ``window`` wins). Each ``recover_step`` seconds without a NAK halves
     the interval until it is back to zero (unlimited).
     """

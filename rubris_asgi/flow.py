@@ -11,8 +11,9 @@ for one receiver as for ten thousand, since each session is paced on its own sig
 
 Blocked writes (the large-messages source document): a frame that takes longer than
 ``blocked_after`` to write counts as a failed send; the session is paused for
-``failed_sends / blocked_writer_scaler * slot`` seconds, and the count resets when blocked writes
-stop for ``failed_send_reset``.
+``failed_sends // blocked_writer_scaler * slot`` seconds (integer division, as in the original:
+the pause grows by one slot every ``blocked_writer_scaler``-th blocked write), and the count
+resets when blocked writes stop for ``failed_send_reset``.
 """
 
 from __future__ import annotations
@@ -73,4 +74,4 @@ def on_write_done(s: Session, started: float, now: float, cfg: WriterConfig) -> 
         s.failed_sends = 0
     s.failed_sends += 1
     s.last_failed = now
-    return s.failed_sends / cfg.blocked_writer_scaler * cfg.slot
+    return s.failed_sends // cfg.blocked_writer_scaler * cfg.slot

@@ -2,7 +2,9 @@
 
 uvicorn's shutdown closes open WebSockets (code 1012) before it runs the app's lifespan
 shutdown, so a GOODBYE sent from the lifespan would never arrive. ``Server`` drains the rubris
-instances first: every session gets GOODBYE 9 and its in-flight frames, then uvicorn carries on.
+instances first: every session gets GOODBYE 9 and its in-flight frames, then uvicorn carries on,
+and a connection whose peer stopped reading (which uvicorn would wait for forever) is cut after
+``Timing.shutdown_drain``.
 
 >>> from rubris_asgi import serve
 >>> serve(app, rubris, port=8000)  # doctest: +SKIP
@@ -10,6 +12,7 @@ instances first: every session gets GOODBYE 9 and its in-flight frames, then uvi
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterable
 from typing import Any
@@ -29,7 +32,23 @@ class Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for r in self.rubris:
             await r.drain()
-        await super().shutdown(sockets)
+        # uvicorn now closes every connection and waits until each is gone, but a closing
+        # transport first flushes what it holds, which a peer that stopped reading never lets
+        # happen: uvicorn would wait for it forever. Every session has had its GOODBYE, or
+        # shutdown_drain to take it; a connection still stuck after as long again is cut.
+        grace = max((r.config.timing.shutdown_drain for r in self.rubris), default=5.0)
+        timer = asyncio.get_running_loop().call_later(grace, self._cut_stuck)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    def _cut_stuck(self) -> None:
+        for conn in list(self.server_state.connections):
+            transport: Any = getattr(conn, "transport", None)
+            if transport is not None and transport.is_closing():
+                if transport.get_write_buffer_size():
+                    transport.abort()
 
 
 def serve(

@@ -71,7 +71,8 @@ async def client_side(url: str, transport: str) -> None:
             print(f"[{transport}] refused: code {exc.code}, {exc.reason}")
 
         my_fills = await client.subscribe("fills")
-        print(f"[{transport}] order:", await client.call("place_order", {"symbol": "AAPL", "qty": 5}))
+        order = await client.call("place_order", {"symbol": "AAPL", "qty": 5})
+        print(f"[{transport}] order:", order)
         fill, _ = await my_fills.get(timeout=5)
         print(f"[{transport}] fill:", fill)
         print(f"[{transport}] stream:", [x async for x in client.stream("countdown", 3)])
@@ -84,7 +85,7 @@ async def main() -> None:
     config = uvicorn.Config(app, ws_per_message_deflate=False, log_level="warning")
     server = Server(config, rubris)  # drains rubris (GOODBYE 9) before uvicorn closes sockets
     task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
+    while not server.started:  # noqa: ASYNC110 (uvicorn offers no "started" event)
         await asyncio.sleep(0.01)
     try:
         for transport in ("websocket", "longpoll"):

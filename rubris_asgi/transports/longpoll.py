@@ -162,9 +162,12 @@ async def poll(rubris: Rubris, request: Request) -> Response:
     if lp.waiter is waiter:
         lp.waiter = None
     if lp.frame_no > ack and lp.last is not None:
+        frame = _frame_response(lp.last, lp.frame_no)
         if s.state is SessionState.CLOSING and not s.has_work():
-            rubris.end_session(s)  # the GOODBYE is in this frame: nothing follows it
-        return _frame_response(lp.last, lp.frame_no)
+            # the GOODBYE is in this frame: nothing follows it (ending the session releases
+            # the frame's lease, so the response is built first)
+            rubris.end_session(s)
+        return frame
     if waiter.done() and not waiter.result():
         if s.state is SessionState.CLOSED:
             return PlainTextResponse("session ended", status_code=404)

@@ -143,12 +143,14 @@ class WebSocketConnection:
             return
         offered = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        refused = False
         try:
             await self._handshake(user)
             await self._reader()
         except (WebSocketDisconnect, asyncio.TimeoutError):
             pass
         except ProtocolError as exc:
+            refused = True  # GOODBYE ends the session: it is not left waiting for a resume
             await self._goodbye(exc.code, str(exc))
         finally:
             self.closed = True
@@ -161,7 +163,7 @@ class WebSocketConnection:
                     await task
             s = self.session
             if s is not None and s.sink is self:
-                if s.state is SessionState.CONNECTED:
+                if s.state is SessionState.CONNECTED and not refused:
                     rubris.engine.detach(s)
                 else:
                     rubris.end_session(s)
@@ -232,12 +234,24 @@ class WebSocketConnection:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ws.close(code, reason[:120]), 2.0)
 
-    async def abort(self, code: int, reason: str) -> None:
-        """End a connection whose writes are stuck: no GOODBYE can get through a full socket."""
+    async def abort(self, code: int, reason: str, *, goodbye: bool = False) -> None:
+        """End the connection now, without waiting on a socket that may never drain.
+
+        The frame being written is dropped (a blocked ASGI send has not written it yet). With
+        ``goodbye``, GOODBYE ``code`` goes out before the close. Both are sent from a task and
+        bounded by timeouts: they reach a client that starts reading again, and nobody (the
+        housekeeping, a shutdown) waits on one that never does.
+        """
+        self.rubris.connections.discard(self)
+        if self.closed:
+            return  # already closing: its GOODBYE, if any, is on its way
         self.closed = True
         if self.writing is not None:
             self.writing.cancel()
-        await self._close_socket(CLOSE_CODES.get(code, 1013), reason)
+        if goodbye:
+            self._spawn(self._goodbye(code, reason))
+        else:
+            self._spawn(self._close_socket(CLOSE_CODES.get(code, 1013), reason))
 
 
 async def _as_coroutine(aw: Awaitable[None]) -> None:

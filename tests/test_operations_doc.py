@@ -1,0 +1,61 @@
+"""docs/operations.md documents every setting, with the default the code really has."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import pytest
+
+from rubris_asgi import Config, FlowConfig, Limits, PoolConfig, Timing, WriterConfig
+
+DOC = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+
+
+@pytest.mark.parametrize("cls", [Limits, Timing, WriterConfig, FlowConfig, PoolConfig, Config])
+def test_every_setting_is_documented(cls: type) -> None:
+    nested = {"limits", "timing", "pool", "writer", "flow"}  # Config's sections: the tables
+    missing = [f.name for f in fields(cls) if f.name not in nested and f"`{f.name}`" not in DOC]
+    assert missing == [], f"{cls.__name__} settings missing from operations.md: {missing}"
+
+
+def _row(name: str) -> str:
+    m = re.search(rf"^\| `{name}` \| ([^|]+) \|", DOC, re.MULTILINE)
+    assert m, f"no table row for {name}"
+    return m.group(1).strip()
+
+
+def _number(cell: str) -> float:
+    """The first number of a cell, in bytes when it names KiB/MiB."""
+    m = re.match(r"([\d.]+(?: \d{3})*) ?(KiB|MiB|s|bytes)?", cell)
+    assert m, cell
+    value = float(m.group(1).replace(" ", ""))
+    return value * {"KiB": 1024, "MiB": 1024 * 1024}.get(m.group(2) or "", 1)
+
+
+@pytest.mark.parametrize("cls", [Limits, Timing, WriterConfig])
+def test_table_defaults_match_the_code(cls: type) -> None:
+    for f in fields(cls):
+        assert f.default is not MISSING
+        assert _number(_row(f.name)) == pytest.approx(float(f.default)), f.name  # type: ignore[arg-type]
+
+
+def test_pool_and_flow_numbers_match_the_code() -> None:
+    p = PoolConfig()
+    assert f"`block_size` = {p.block_size // 1024} KiB" in DOC
+    assert f"`blocks` = {p.blocks}" in DOC
+    assert f"`large_blocks` = {p.large_blocks}" in DOC
+    assert f"`unpooled` = {p.unpooled}" in DOC
+    assert f"`large_scale` = {p.large_scale}" in DOC
+    assert f"`max_scale` = {p.max_scale}" in DOC
+    assert f"`block_size * large_scale` = {p.large_size // 2**20} MiB" in DOC
+    assert f"`block_size * max_scale` = {p.max_size // 2**20} MiB" in DOC
+    fl = FlowConfig()
+    assert f"`base_interval`\n({fl.base_interval * 1000:.0f} ms)" in DOC
+    assert f"`window` ({fl.window * 1000:.0f} ms)" in DOC
+    assert f"`recover_step` ({fl.recover_step * 1000:.0f} ms)" in DOC
+    c = Config()
+    assert f"| `compress_at` | {c.compress_at} bytes |" in DOC
+    assert f"| `ring_size` | {c.ring_size} |" in DOC
+    assert f"| `private_queue` | {c.private_queue} |" in DOC

@@ -4,8 +4,8 @@ The demo app runs as a subprocess (``python -m example_app --port P``), so that 
 restarts a real process on the same port. Each test gets its own server and browser context; the
 browser is shared by the module. Every wait is on a condition in the page, bounded by a timeout.
 
-Console errors and uncaught page errors fail a test, except the connection errors a deliberate
-server restart is expected to cause.
+Console errors and uncaught page errors fail a test, except the connection errors that a
+deliberate server restart (or blocking WebSockets) is expected to cause.
 
 ``RUBRIS_UPDATE_DOCS_SCREENSHOT=1`` also writes docs/images/demo.png (the docs' screenshot);
 test-output/demo.png is written on every run.
@@ -13,6 +13,7 @@ test-output/demo.png is written on every run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -27,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    ConsoleMessage,
+    Page,
+    Playwright,
+    ViewportSize,
+    sync_playwright,
+)
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
@@ -42,20 +50,40 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-quic",
 ]
-VIEWPORT = {"width": 1440, "height": 900}
+VIEWPORT: ViewportSize = {"width": 1440, "height": 900}
 WAIT_MS = 10_000  # default bound of one wait in the page
 RECOVER_MS = 20_000  # bound of the reconnect after a server restart (backoff caps at 5 s)
 SERVER_START_S = 20.0
 PRICE = re.compile(r"^\d{1,3}(,\d{3})*\.\d{2}$")  # how the page formats a price: 1,234.56
 
-# What a browser logs while the server is gone: refused WebSocket handshakes and fetches, and
-# the 5xx a shutting-down server may answer with.
-RESTART_NOISE = re.compile(
+# What a browser logs while the server is gone (or WebSockets are blocked): refused WebSocket
+# handshakes and fetches, responses cut short by a kill, the 5xx of a server shutting down.
+# Allowed only in the windows a test opens with Demo.allow_connection_errors.
+CONNECTION_NOISE = re.compile(
     r"WebSocket connection to .* failed"
     r"|net::ERR_CONNECTION_(REFUSED|RESET|CLOSED)"
-    r"|net::ERR_EMPTY_RESPONSE"
+    r"|net::ERR_(EMPTY_RESPONSE|CONTENT_LENGTH_MISMATCH|INCOMPLETE_CHUNKED_ENCODING)"
     r"|Failed to load resource: the server responded with a status of 5\d\d"
+    # a long-poll of the old session, answered by the new server
+    r"|Failed to load resource: the server responded with a status of 404 .*/rubris/lp/"
 )
+
+
+# Makes the page's WebSockets fail while window.__wsBlocked is set (they go to a closed port),
+# and keeps every socket in window.__sockets so a test can cut one.
+WS_SWITCH = """(deadPort) => {
+    const Real = window.WebSocket;
+    window.__wsBlocked = false;
+    window.__sockets = [];
+    window.WebSocket = class extends Real {
+        constructor(url, protocols) {
+            const u = new URL(url);
+            if (window.__wsBlocked) u.port = String(deadPort);
+            super(u.href, protocols);
+            window.__sockets.push(this);
+        }
+    };
+}"""
 
 
 # ---- the demo server ------------------------------------------------------------------------
@@ -169,6 +197,17 @@ class Demo:
     def open(self, path: str = "/") -> None:
         self.page.goto(self.server.url + path, wait_until="load")
         self.wait("window.rubris !== undefined", what="the page to create window.rubris")
+        # Every state change from now on, with the session it ended in.
+        self.page.evaluate(
+            """() => {
+                window.__states = [];
+                window.rubris.on('state', (e) => window.__states.push(
+                    {...e, session: window.rubris.sessionId}));
+            }"""
+        )
+
+    def states(self) -> list[dict[str, Any]]:
+        return list(self.page.evaluate("() => window.__states"))
 
     def wait(self, expression: str, arg: Any = None, *, what: str, timeout: float = WAIT_MS) -> Any:
         """Wait until `expression` (a JS expression or function of `arg`) is truthy."""
@@ -261,13 +300,18 @@ class Demo:
         )
         return list(moved)
 
-    def mark_tape(self) -> None:
-        """Tag the rows now on the tape, so new rows can be told apart."""
+    def settle(self) -> None:
+        """Let the page paint what it has received (it paints once per animation frame)."""
+        self.page.evaluate("() => new Promise((done) => requestAnimationFrame(() => done()))")
+
+    def mark_old(self, selector: str) -> None:
+        """Tag the rows now in the page, so that new rows can be told apart."""
         self.page.evaluate(
-            "() => document.querySelectorAll('#tape tr').forEach((tr) => { tr.dataset.old = '1'; })"
+            "(sel) => document.querySelectorAll(sel).forEach((el) => { el.dataset.old = '1'; })",
+            selector,
         )
 
-    def wait_new_trades(self) -> list[dict[str, str]]:
+    def wait_new_trades(self) -> list[dict[str, Any]]:
         rows = self.wait(
             """() => {
                 const rows = [...document.querySelectorAll('#tape tr[data-id]:not([data-old])')];
@@ -328,7 +372,8 @@ class Demo:
     def wait_fill(self, order_id: str) -> dict[str, Any]:
         row = self.wait(
             """(id) => {
-                const tr = document.querySelector(`#fills tr[data-order-id="${id}"]`);
+                const sel = `#fills tr[data-order-id="${id}"]:not([data-old])`;
+                const tr = document.querySelector(sel);
                 if (!tr) return false;
                 const cells = [...tr.cells].map((td) => td.textContent);
                 return {symbol: tr.dataset.symbol, cells};
@@ -340,6 +385,8 @@ class Demo:
 
     def order_round_trip(self, symbol: str, side: str, qty: int) -> None:
         """Place a valid order through the form; it is accepted and comes back as a fill."""
+        # Order ids start again at 1 in a restarted server: only a new row can be this fill.
+        self.mark_old("#fills tr")
         result = self.submit_order(symbol, side, str(qty))
         assert result["status"] == "ok", result
         assert result["text"].startswith("Accepted"), result
@@ -355,19 +402,31 @@ class Demo:
 
     # ---- errors ------------------------------------------------------------------------------
 
-    def allow_restart_noise(self, start: int) -> None:
+    def allow_connection_errors(self, start: int) -> None:
         """Errors from index `start` to now may be connection noise (checked in assert_clean)."""
         self.allowed.append((start, len(self.errors)))
 
     def assert_clean(self) -> None:
         def expected(i: int, line: str) -> bool:
-            return any(a <= i < b for a, b in self.allowed) and bool(RESTART_NOISE.search(line))
+            return any(a <= i < b for a, b in self.allowed) and bool(CONNECTION_NOISE.search(line))
 
         unexpected = [e for i, e in enumerate(self.errors) if not expected(i, e)]
         assert not unexpected, "browser errors:\n  " + "\n  ".join(unexpected)
 
 
 def screenshot(page: Page) -> None:
+    """test-output/demo.png, and docs/images/demo.png with RUBRIS_UPDATE_DOCS_SCREENSHOT=1."""
+    # Best effort, for the picture only: a moment when the book (refreshed every third tick)
+    # agrees with the watchlist on the selected symbol's bid.
+    with contextlib.suppress(PlaywrightTimeoutError):
+        page.wait_for_function(
+            """() => {
+                const sym = document.getElementById('book').dataset.symbol;
+                const row = document.querySelector(`#grid tr[data-symbol="${sym}"] .bid`);
+                return row && row.textContent === document.getElementById('book-bid').textContent;
+            }""",
+            timeout=3000,
+        )
     out = ROOT / "test-output" / "demo.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(out))
@@ -380,15 +439,17 @@ def screenshot(page: Page) -> None:
 # ---- fixtures -------------------------------------------------------------------------------
 
 
+MISSING_CHROMIUM = (
+    f"{CHROMIUM} is missing: the browser tests need Debian's chromium "
+    "(apt-get install chromium; .ci/run does it)"
+)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not os.path.exists(CHROMIUM):
         # Not a skip: CI installs chromium, and a suite that quietly skips hides a broken setup.
-        pytest.fail(
-            f"{CHROMIUM} is missing: the browser tests need Debian's chromium "
-            "(apt-get install chromium; .ci/run does it)",
-            pytrace=False,
-        )
+        pytest.fail(MISSING_CHROMIUM, pytrace=False)
     pw: Playwright = sync_playwright().start()
     try:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -412,7 +473,7 @@ def server(tmp_path: Path) -> Iterator[DemoServer]:
 
 @pytest.fixture
 def demo(browser: Browser, server: DemoServer) -> Iterator[Demo]:
-    context = browser.new_context(viewport=VIEWPORT)  # type: ignore[arg-type]
+    context = browser.new_context(viewport=VIEWPORT)
     context.set_default_timeout(WAIT_MS)
     try:
         yield Demo(context.new_page(), server)
@@ -421,6 +482,12 @@ def demo(browser: Browser, server: DemoServer) -> Iterator[Demo]:
 
 
 # ---- tests ----------------------------------------------------------------------------------
+
+
+@pytest.mark.browser
+def test_chromium_is_installed() -> None:
+    # The other tests error at setup without it; this one says so as a plain failure.
+    assert os.path.exists(CHROMIUM), MISSING_CHROMIUM
 
 
 @pytest.mark.browser
@@ -474,7 +541,7 @@ def test_compressed_order_book(demo: Demo) -> None:
         "() => document.getElementById('book-codec').textContent === 'deflated'",
         what="#book-codec to say 'deflated'",
     )
-    levels = demo.page.evaluate(
+    levels: list[list[str]] = demo.page.evaluate(
         """() => [...document.querySelectorAll('#book-levels tr')].map((tr) =>
             [...tr.cells].map((td) => td.textContent))"""
     )
@@ -513,46 +580,146 @@ def test_forced_longpoll(demo: Demo) -> None:
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("how", ["kill", "terminate"])
-def test_server_restart(demo: Demo, how: str) -> None:
-    demo.open("/")
-    demo.wait_open("websocket")
+@pytest.mark.parametrize(
+    ("transport", "how"),
+    [("websocket", "kill"), ("websocket", "terminate"), ("longpoll", "kill")],
+)
+def test_server_restart(demo: Demo, transport: str, how: str) -> None:
+    demo.open("/" if transport == "websocket" else f"/?transport={transport}")
+    demo.wait_open(transport)
     demo.wait_prices_change(demo.wait_prices())
     demo.wait_new_trades()
     demo.wait_book_updates_above("AAPL", 0)
+    demo.order_round_trip("AAPL", "buy", 3)
     old_session = demo.page.evaluate("() => window.rubris.sessionId")
+    seen = len(demo.states())
 
     noise_from = len(demo.errors)
     if how == "kill":
-        demo.server.kill()
+        demo.server.kill()  # SIGKILL: sockets die with the process, no GOODBYE
     else:
-        demo.server.stop()
+        demo.server.stop()  # SIGTERM: uvicorn closes WebSockets with 1012
     demo.wait(
         "() => document.getElementById('status-state').textContent === 'reconnecting'",
         what="#status-state 'reconnecting' once the server is gone",
     )
-    demo.mark_tape()
+    demo.settle()  # what arrived before the end is painted, so not mistaken for what follows
+    demo.mark_old("#tape tr")
     before = demo.last_prices()
     updates = demo.book_updates()
 
     demo.server.start()  # a new process on the same port: new sessions, new epochs
-    demo.wait_open("websocket", timeout=RECOVER_MS)
-    demo.allow_restart_noise(noise_from)
+    demo.wait_open(transport, timeout=RECOVER_MS)
+    demo.allow_connection_errors(noise_from)
     session = demo.page.evaluate("() => window.rubris.sessionId")
     assert session and session != old_session
-    # A new server cannot resume the old session: the page re-subscribed everything.
-    assert demo.text("#status-resumed") == "no"
-    demo.wait(
-        "() => document.getElementById('status-notice').textContent"
-        ".includes('subscriptions restored')",
-        what="the 'new session: subscriptions restored' notice",
-    )
+    # A new server cannot resume the old session: the first open after the restart is a new
+    # session, and the page subscribed everything again.
+    first_open = next(e for e in demo.states()[seen:] if e["state"] == "open")
+    assert first_open["resumed"] is False and first_open["session"] != old_session, first_open
 
     demo.wait_prices_change(before)  # the re-subscribed snapshots…
     demo.wait_prices_change(demo.last_prices())  # …and live updates after them
     demo.wait_new_trades()
     demo.wait_book_updates_above("AAPL", updates)
     demo.order_round_trip("AAPL", "sell", 7)  # `fills` was re-subscribed before the call
+    assert demo.page.locator("#fills tr").count() == 2
+    demo.assert_clean()
+
+
+@pytest.mark.browser
+def test_dropped_websocket_resumes(demo: Demo) -> None:
+    demo.page.add_init_script(script=f"({WS_SWITCH})({free_port()})")
+    demo.open("/")
+    demo.wait_open("websocket")
+    demo.wait_prices()
+    demo.order_round_trip("META", "buy", 11)
+    session = demo.page.evaluate("() => window.rubris.sessionId")
+    frames = demo.stats()["frames"]
+
+    # Cut the socket under the client, as a network drop would (the client's own close() would
+    # not reconnect).
+    demo.page.evaluate("() => window.__sockets.forEach((ws) => ws.close())")
+    demo.wait(
+        "(n) => window.rubris.state === 'open' && window.rubris.stats.frames > n"
+        " && document.getElementById('status-resumed').textContent === 'yes'",
+        frames,
+        what="the client to reconnect and resume",
+    )
+    assert demo.page.evaluate("() => window.rubris.sessionId") == session
+    assert demo.text("#status-state") == "open"
+    demo.wait(
+        "() => document.getElementById('status-notice').textContent.includes('session resumed')",
+        what="the 'session resumed' notice",
+    )
+    demo.wait_prices_change(demo.last_prices())
+    demo.order_round_trip("META", "sell", 12)
+    assert demo.page.locator("#fills tr").count() == 2  # nothing replayed twice
+    assert demo.stats()["gaps"] == 0
+    demo.assert_clean()
+
+
+@pytest.mark.browser
+def test_websocket_back_after_fallback(demo: Demo) -> None:
+    """WebSockets fail for a while after having worked: long-poll carries the session meanwhile,
+    and the page goes back to WebSocket once they work again (same session throughout)."""
+    demo.page.add_init_script(script=f"({WS_SWITCH})({free_port()})")
+    demo.open("/")
+    demo.wait_open("websocket")
+    demo.wait_prices()
+    demo.order_round_trip("AMD", "buy", 5)
+    session = demo.page.evaluate("() => window.rubris.sessionId")
+    seen = len(demo.states())
+
+    noise_from = len(demo.errors)
+    demo.page.evaluate(
+        "() => { window.__wsBlocked = true; window.__sockets.forEach((ws) => ws.close()); }"
+    )
+    demo.wait_open("longpoll")
+    sockets = demo.page.evaluate("() => window.__sockets.length")
+    demo.wait_prices_change(demo.last_prices())
+    demo.order_round_trip("AMD", "sell", 6)
+    # One probe for a WebSocket fails while they are still blocked; a later one gets through.
+    demo.wait("(n) => window.__sockets.length > n", sockets, what="a WebSocket probe")
+    assert demo.page.evaluate("() => window.rubris.transport") == "longpoll"
+    demo.page.evaluate("() => { window.__wsBlocked = false; }")
+    demo.wait(
+        "(n) => window.__states.slice(n).some((e) => e.state === 'open'"
+        " && e.transport === 'websocket')",
+        seen,
+        what="the session to open on a WebSocket again",
+        timeout=RECOVER_MS,
+    )
+    demo.wait_open("websocket")
+    demo.allow_connection_errors(noise_from)
+
+    assert demo.page.evaluate("() => window.rubris.sessionId") == session
+    opens = [e for e in demo.states()[seen:] if e["state"] == "open"]
+    assert [(e["transport"], e["resumed"]) for e in opens] == [
+        ("longpoll", True),
+        ("websocket", True),
+    ], demo.states()
+    demo.wait_prices_change(demo.last_prices())
+    demo.order_round_trip("AMD", "buy", 7)
+    assert demo.page.locator("#fills tr").count() == 3
+    assert demo.stats()["gaps"] == 0
+    demo.assert_clean()
+
+
+@pytest.mark.browser
+def test_longpoll_fallback_when_websockets_never_work(demo: Demo) -> None:
+    """WebSockets blocked from the start (a proxy that refuses them): auto settles on long-poll
+    and stays there, without probing for WebSockets again."""
+    demo.page.add_init_script(script=f"({WS_SWITCH})({free_port()}); window.__wsBlocked = true;")
+    demo.page.goto(demo.server.url + "/", wait_until="load")
+    demo.wait_open("longpoll")
+    assert demo.text("#conn-pill-text") == "Live · long-poll"
+    demo.wait_prices_change(demo.wait_prices())
+    demo.order_round_trip("QCOM", "buy", 9)
+    demo.page.wait_for_timeout(1500)  # longer than the first probe would wait
+    assert demo.page.evaluate("() => window.__sockets.length") == 1
+    assert demo.page.evaluate("() => window.rubris.transport") == "longpoll"
+    demo.allow_connection_errors(0)  # the one refused WebSocket is the point of this test
     demo.assert_clean()
 
 

@@ -654,6 +654,12 @@ class LongPollConnection {
     this.queued = 0; // messages in `queue`
     this.posting = false;
     this.controllers = new Set();
+    this.handover = null; // called instead of the next poll once nothing is in flight
+  }
+
+  /** Stop at the next point with no poll waiting and no POST in flight or queued; call `fn`. */
+  handOver(fn) {
+    this.handover = fn;
   }
 
   get backlog() {
@@ -732,6 +738,16 @@ class LongPollConnection {
       return !this.dead;
     };
     while (!this.dead) {
+      if (this.handover) {
+        await sleep(0); // what the frame just handled made the client write goes out first
+        if (this.dead) return;
+        if (this.handover && !this.posting && !this.queue.length) {
+          const fn = this.handover;
+          this.handover = null;
+          fn();
+          return;
+        }
+      }
       let res;
       let body = null;
       try {
@@ -749,16 +765,17 @@ class LongPollConnection {
         if (!(await retry(`HTTP ${res.status}`))) return;
         continue;
       }
+      if (res.status !== 200 && res.status !== 204) {
+        // Before un-stalling: a 404 after an outage (a restarted server) is not "open again".
+        this._lost(httpFailure(res.status, "long-poll"));
+        return;
+      }
       if (failingSince) {
         failingSince = 0;
         attempt = 0;
         this.client._onConnStalled(this, false);
       }
       if (res.status === 204) continue; // the poll timed out with nothing to send: poll again
-      if (res.status !== 200) {
-        this._lost(httpFailure(res.status, "long-poll"));
-        return;
-      }
       const number = Number(res.headers.get("Rubris-Frame"));
       if (!Number.isSafeInteger(number) || number < 1) {
         this.client._protocolError(this, "long-poll response without a valid Rubris-Frame header");
@@ -908,6 +925,9 @@ const NAK_REPEAT_MS = 100;
 const BAD_DROP_WINDOW_MS = 30_000;
 /** A connection that lived this long resets the backoff. */
 const STABLE_MS = 10_000;
+/** Backoff of the WebSocket probes while long-poll stands in for a WebSocket that had worked. */
+const UPGRADE_BASE_MS = 1000;
+const UPGRADE_MAX_MS = 60_000;
 /** Stop accepting calls while the WebSocket's own send buffer holds more than this. */
 const WS_BUFFER_LIMIT = 16 * 1024 * 1024;
 /** Items a streamIter buffers before delivery waits for its consumer. */
@@ -978,7 +998,8 @@ export class RubrisClient {
    *   (http(s):// or ws(s)://). A query string is sent to every endpoint.
    * @param {object} [options]
    * @param {"auto"|"websocket"|"longpoll"} [options.transport="auto"] "auto" tries WebSocket and
-   *   falls back to long-poll when WebSockets do not get through (and stays there once it worked).
+   *   falls back to long-poll when WebSockets do not get through: for good if no WebSocket has
+   *   worked on this page yet; otherwise until a WebSocket opens again (probed with backoff).
    * @param {boolean} [options.reconnect=true] Reconnect (and resume) after a drop.
    * @param {number} [options.wsOpenTimeoutMs=4000] Time for a WebSocket to reach WELCOME.
    * @param {number} [options.ackEvery=32] ACK a private topic after this many messages…
@@ -1025,6 +1046,10 @@ export class RubrisClient {
     this._fallback = false; // auto: WebSockets do not work here; long-poll did
     this._tryLongPoll = false; // auto: the last WebSocket attempt failed; try long-poll next
     this._badDrops = [];
+    this._wsWorked = false; // auto: a WebSocket here has carried data
+    this._upgradeTimer = null; // auto: next probe for a way back from long-poll to WebSocket
+    this._upgradeAttempt = 0;
+    this._probe = null; // {ws, timer}: the probe WebSocket being opened
     this._heartbeatMs = 0;
     this._maxFrame = DEFAULT_MAX_FRAME;
     this._hbTimer = null;
@@ -1297,6 +1322,7 @@ export class RubrisClient {
 
   _onConnLost(conn, info) {
     if (conn !== this._conn) return;
+    this._cancelUpgrade();
     clearTimeout(conn.openTimer);
     clearInterval(this._hbTimer);
     this._hbTimer = null;
@@ -1332,6 +1358,7 @@ export class RubrisClient {
         if (this._badDrops.length >= 2) {
           this._tryLongPoll = true;
           this._badDrops = [];
+          this._wsWorked = false; // handshakes get through, the connections do not: stay off
           delay = 0;
         }
       }
@@ -1344,7 +1371,10 @@ export class RubrisClient {
       // a fresh session leaves the other poller alone.
       this._resume = "";
     }
-    if (wasWelcomed && now() - conn.welcomedAt > STABLE_MS) this._attempt = 0;
+    if (wasWelcomed && now() - conn.welcomedAt > STABLE_MS) {
+      this._attempt = 0;
+      if (conn.kind === "websocket") this._upgradeAttempt = 0;
+    }
     if (delay === undefined) {
       const slow = info.goodbye && (info.goodbye.code === 9 || info.goodbye.code === 7);
       // 1013 try again later, 1012 service restart (uvicorn closes with it on shutdown, before
@@ -1368,7 +1398,11 @@ export class RubrisClient {
     this._heartbeatMs = w.heartbeatMs;
     this._maxFrame = w.maxFrame > 0 ? w.maxFrame : DEFAULT_MAX_FRAME;
     this.resumed = resumed;
-    if (conn.kind === "longpoll" && this._tryLongPoll) this._fallback = true;
+    // Long-poll got through where a WebSocket did not. If WebSockets never worked here, they are
+    // blocked: stay on long-poll. If they did, the server was more likely down (restarting) when
+    // the WebSocket failed and back up a moment later: long-poll carries the session for now, and
+    // _scheduleUpgrade takes it back to a WebSocket once one opens again.
+    if (conn.kind === "longpoll" && this._tryLongPoll && !this._wsWorked) this._fallback = true;
     this._tryLongPoll = false;
     if (resumed) this._resumeSession();
     else this._newSession();
@@ -1391,6 +1425,78 @@ export class RubrisClient {
       const tick = Math.max(50, Math.floor(this._heartbeatMs / 2));
       this._hbTimer = setInterval(() => this._heartbeat(conn), tick);
     }
+    if (conn.kind === "longpoll" && this._opts.transport === "auto" && !this._fallback) {
+      this._scheduleUpgrade(conn);
+    }
+  }
+
+  // ----- back from long-poll to WebSocket (auto) ---------------------------------------------
+
+  /**
+   * Long-poll stands in for a WebSocket that failed after WebSockets had worked. Now and then
+   * (backing off to a minute) open a bare WebSocket, without HELLO, to see whether they get
+   * through again; when one opens, the session moves to a WebSocket connection by a resume.
+   */
+  _scheduleUpgrade(conn) {
+    clearTimeout(this._upgradeTimer);
+    const delay = backoffDelay(this._upgradeAttempt++, UPGRADE_BASE_MS, UPGRADE_MAX_MS);
+    this._upgradeTimer = setTimeout(() => this._probeWebSocket(conn), delay);
+  }
+
+  _probeWebSocket(conn) {
+    this._upgradeTimer = null;
+    if (conn !== this._conn || !this._welcomed) return;
+    let ws;
+    try {
+      ws = new this._opts.WebSocket(this._urls.ws, SUBPROTOCOL);
+    } catch {
+      this._scheduleUpgrade(conn);
+      return;
+    }
+    const probe = { ws, timer: null };
+    const finish = (opened) => {
+      if (this._probe !== probe) return;
+      this._endProbe();
+      if (conn !== this._conn || !this._welcomed) return;
+      // Moved between two polls, with no POST in flight: nothing is lost on the way.
+      if (opened) conn.handOver(() => this._upgrade(conn));
+      else this._scheduleUpgrade(conn);
+    };
+    this._probe = probe;
+    ws.onopen = () => finish(true);
+    ws.onerror = () => {};
+    ws.onclose = () => finish(false);
+    probe.timer = setTimeout(() => finish(false), this._opts.wsOpenTimeoutMs);
+  }
+
+  _endProbe() {
+    const probe = this._probe;
+    if (!probe) return;
+    this._probe = null;
+    clearTimeout(probe.timer);
+    const ws = probe.ws;
+    ws.onopen = ws.onclose = ws.onerror = null;
+    try {
+      ws.close(1000, "probe");
+    } catch {
+      // already closing
+    }
+  }
+
+  _cancelUpgrade() {
+    clearTimeout(this._upgradeTimer);
+    this._upgradeTimer = null;
+    this._endProbe();
+  }
+
+  /** Called by the long-poll connection when nothing is in flight either way. */
+  _upgrade(conn) {
+    if (conn !== this._conn || !this._welcomed || this.state === "closed") return;
+    conn.close();
+    this._conn = null;
+    this._welcomed = false;
+    this._tryLongPoll = false;
+    this._connect(); // auto picks a WebSocket now; HELLO carries the resume token
   }
 
   /** The server kept our session: only what may have been lost in flight needs repeating. */
@@ -1458,6 +1564,7 @@ export class RubrisClient {
   }
 
   _shutdown(err) {
+    this._cancelUpgrade();
     clearTimeout(this._reconnectTimer);
     clearInterval(this._hbTimer);
     clearTimeout(this._ackTimer);
@@ -1507,7 +1614,10 @@ export class RubrisClient {
     if (conn !== this._conn) return;
     // Liveness is measured at arrival, not delivery: a backlog in the app is not a dead link.
     this._lastRx = now();
-    if (this._welcomed) conn.framesAfterWelcome++;
+    if (this._welcomed) {
+      conn.framesAfterWelcome++;
+      if (conn.kind === "websocket") this._wsWorked = true;
+    }
     this._counters.frames++;
     this._counters.bytesIn += bytes.length;
     let messages;

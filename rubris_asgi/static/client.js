@@ -1418,10 +1418,11 @@ export class RubrisClient {
     this._outbox = [];
     for (const entry of waiting) this._write(entry);
     if (resumed) this._flushAcks(false);
+    // one PING at once, so the round-trip time is known from the start (stats.rttMs)
+    this._sendPing();
 
     if (conn.kind === "websocket" && this._heartbeatMs > 0) {
       this._lastRx = now();
-      this._lastPing = now();
       const tick = Math.max(50, Math.floor(this._heartbeatMs / 2));
       this._hbTimer = setInterval(() => this._heartbeat(conn), tick);
     }
@@ -1554,13 +1555,17 @@ export class RubrisClient {
       this._dropConn(conn, { reason: `nothing received for ${Math.round(t - this._lastRx)} ms` });
       return;
     }
-    if (t - this._lastPing >= this._heartbeatMs * 0.95) {
-      this._lastPing = t;
-      const token = ++this._pingToken;
-      this._pingSent.set(token, t);
-      if (this._pingSent.size > 16) this._pingSent.delete(this._pingSent.keys().next().value);
-      this._write({ bytes: encode.ping(token), keep: "none" });
-    }
+    if (t - this._lastPing >= this._heartbeatMs * 0.95) this._sendPing();
+  }
+
+  /** PING the server: the heartbeat on WebSocket, and the round-trip time on both transports. */
+  _sendPing() {
+    const t = now();
+    this._lastPing = t;
+    const token = ++this._pingToken;
+    this._pingSent.set(token, t);
+    if (this._pingSent.size > 16) this._pingSent.delete(this._pingSent.keys().next().value);
+    this._write({ bytes: encode.ping(token), keep: "none" });
   }
 
   _shutdown(err) {

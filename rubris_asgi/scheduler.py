@@ -195,13 +195,8 @@ class Scheduler:
                         continue
                     m = t.msg  # type: ignore[union-attr]
                     n = len(m)
-                    if size + n > cap:
-                        if size:
-                            carry = sub
-                            full = True
-                            break
-                        lease = self.pool.acquire(n)
-                        if lease is None:
+                    if size + n > cap:  # full, or the frame's first message: lease a buffer
+                        if size or (lease := self.pool.acquire(n)) is None:
                             carry = sub
                             full = True
                             break
@@ -223,13 +218,8 @@ class Scheduler:
                         self.stats.gaps += 1
                         c = oldest
                     n = len(m)
-                    if size + n > cap:
-                        if size:
-                            carry = sub
-                            full = True
-                            break
-                        lease = self.pool.acquire(n)
-                        if lease is None:
+                    if size + n > cap:  # full, or the frame's first message: lease a buffer
+                        if size or (lease := self.pool.acquire(n)) is None:
                             carry = sub
                             full = True
                             break
@@ -249,11 +239,7 @@ class Scheduler:
                         m = item[1]
                         n = len(m)
                         if size + n > cap:
-                            if size:
-                                full = True
-                                break
-                            lease = self.pool.acquire(n)
-                            if lease is None:
+                            if size or (lease := self.pool.acquire(n)) is None:
                                 full = True
                                 break
                             cap = lease.capacity if lease.size_class is BLOCK else n

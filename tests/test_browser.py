@@ -757,3 +757,35 @@ def test_order_fill_and_rejections(demo: Demo) -> None:
     )
     screenshot(demo.page)
     demo.assert_clean()
+
+
+@pytest.mark.browser
+def test_slow_handler_sends_nak(demo: Demo) -> None:
+    """A page whose handlers fall behind says so with NAK (protocol.md section 8)."""
+    demo.open("/")
+    demo.wait_open("websocket")
+    demo.page.evaluate(
+        """async () => {
+            const { connect } = await import('/rubris/client.js');
+            // a second client with a small inbound queue and handlers that take 15 ms each
+            const slow = connect('/rubris', { inboundLimit: 40 });
+            window.slowClient = slow;
+            const busy = () => { const t = performance.now(); while (performance.now() - t < 15); };
+            for (const s of await slow.call('symbols')) slow.subscribe('prices.' + s.symbol, busy);
+            slow.subscribe('trades', busy);
+        }"""
+    )
+    demo.wait(
+        "() => window.slowClient.stats.naks > 0",
+        what="the slow client to send a NAK",
+        timeout=20_000,
+    )
+    # it told the server and carries on: still open, still receiving
+    before = demo.page.evaluate("() => window.slowClient.stats.messages")
+    demo.wait(
+        "(n) => window.slowClient.state === 'open' && window.slowClient.stats.messages > n",
+        before,
+        what="the slow client to keep receiving after its NAK",
+    )
+    demo.page.evaluate("() => window.slowClient.close()")
+    demo.assert_clean()

@@ -45,6 +45,8 @@ from .session import Session, SessionState
 log = logging.getLogger("rubris_asgi")
 
 _CLIENT_KINDS = (Subscribe, Unsubscribe, Call, Ack, Nack, Nak, Ping, Publish)
+# a streamed reply waits for room while its session is connected or waiting to be resumed
+_LIVE = (SessionState.CONNECTED, SessionState.DETACHED)
 
 
 class Dispatcher:
@@ -240,7 +242,7 @@ class Dispatcher:
         limit = self.config.limits.max_direct_queue // 2
         # polling, not an Event: an event per session would put a set() on every frame of the hot
         # path to serve the rare streamed reply that outruns its reader
-        while len(s.direct) > limit and s.state is SessionState.CONNECTED:  # noqa: ASYNC110
+        while len(s.direct) > limit and s.state in _LIVE:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
 
     def _reply(self, kind: Kind, call: int, flag: int, value: Any) -> bytes:

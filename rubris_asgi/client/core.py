@@ -1,4 +1,7 @@
-"""The Client: supervisor, connection tasks (reader, writer, ACKs, heartbeat), server messages."""
+"""The Client: supervisor, connection tasks (reader, writer, ACKs, heartbeat), public API.
+
+What it does with each server message is the ``_ServerMessages`` mixin of :mod:`.handlers`.
+"""
 
 from __future__ import annotations
 
@@ -14,51 +17,39 @@ from typing import Any, Literal
 import httpx
 import orjson
 
-from ..compression import inflate
 from ..errors import ErrorCode, ProtocolError, RubrisError
 from ..protocol import (
     VERSION,
     Ack,
     Call,
     ClientMessage,
-    Codec,
-    Flow,
-    Gap,
-    Goodbye,
     Hello,
     Message,
     Mode,
     Nack,
     Nak,
     Ping,
-    Pong,
     Publish,
-    Push,
-    Rejected,
-    Result,
-    Stream,
     Subscribe,
-    Subscribed,
     Unsubscribe,
-    Unsubscribed,
     Welcome,
     decode_frame,
     encode,
     iter_messages,
 )
-from .concurrency import _invoke, _within
+from .concurrency import _within
 from .errors import (
-    SubscribeRejected,
     SubscriptionEnded,
     _Bye,
     _Fatal,
     _Lost,
     _lost,
 )
+from .handlers import Rejection, _ServerMessages
 from .links import _endpoints, _Link, _LongPollLink, _WebSocketLink
 from .outbox import _Outbox
-from .payloads import _call_error, _decode, _dumps
-from .subscription import GAPS_KEPT, GapInfo, PushInfo, Subscription, _StreamBox
+from .payloads import _dumps
+from .subscription import GapInfo, PushInfo, Subscription, _StreamBox
 
 __all__ = ["Client", "ClientStats", "Rejection", "State"]
 
@@ -68,16 +59,6 @@ State = Literal["connecting", "open", "reconnecting", "closed"]
 
 _MAX_BATCH = 1 << 20  # largest client frame when the server announces no max_frame
 _SLOW_RECONNECT = 1.0  # a connection that lived this long resets the backoff
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A PUBLISH the server refused (``name`` is empty when the request is no longer known)."""
-
-    req: int
-    name: str
-    code: int
-    reason: str
 
 
 @dataclass
@@ -103,7 +84,7 @@ class ClientStats:
     goodbye: tuple[int, str] | None = None
 
 
-class Client:
+class Client(_ServerMessages):
     """An asyncio client of one rubris session (see the :mod:`rubris_asgi.client` docstring).
 
     Args:
@@ -675,158 +656,3 @@ class Client:
         st.bytes_in += len(frame)
         if self.raw_frames is not None:
             self.raw_frames.append(frame)
-
-    # ------------------------------------------------------------------ inbound messages
-
-    async def _on_message(self, msg: Message) -> None:
-        if isinstance(msg, Push):
-            await self._on_push(msg)
-        elif isinstance(msg, Result):
-            await self._on_result(msg)
-        elif isinstance(msg, Stream):
-            await self._on_stream(msg)
-        elif isinstance(msg, Subscribed):
-            self._on_subscribed(msg)
-        elif isinstance(msg, Rejected):
-            self._on_rejected(msg)
-        elif isinstance(msg, Unsubscribed):
-            self._on_unsubscribed(msg)
-        elif isinstance(msg, Gap):
-            await self._on_gap(msg)
-        elif isinstance(msg, Pong):
-            fut = self._pings.get(msg.token)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
-        elif isinstance(msg, Goodbye):
-            self.stats.goodbye = (msg.code, msg.reason)
-            raise _Bye(msg.code, msg.reason)
-        elif isinstance(msg, Flow):
-            self.stats.flow = msg.fill
-        else:
-            raise ProtocolError(
-                f"the server sent {type(msg).__name__.upper()}, which is not a server message",
-                ErrorCode.PROTOCOL,
-            )
-
-    def _inflate(self, payload: bytes, compressed: bool) -> bytes:
-        if not compressed:
-            return payload
-        data = inflate(payload, self.max_inflated)
-        self.stats.compressed += 1
-        self.stats.bytes_saved += len(data) - len(payload)
-        return data
-
-    async def _on_push(self, m: Push) -> None:
-        sub = self._topics.get(m.topic)
-        if sub is None:
-            return  # unsubscribed meanwhile
-        private = sub.mode == Mode.PRIVATE
-        if private and m.seq <= sub.last_seq:
-            sub._ack_due = True  # a replay after resume: ours already, but say so again
-            return
-        payload = self._inflate(m.payload, m.compressed)
-        value = _decode(sub.codec, payload, sub.name)
-        sub.last_seq = max(sub.last_seq, m.seq)
-        info = PushInfo(sub.name, m.topic, m.seq, m.compressed)
-        if sub._callback is not None:
-            await _invoke(sub._callback, value, info, what=f"callback of {sub.name!r}")
-        else:
-            level = sub._put(value, info)
-            if level:
-                self._control(Nak(level))
-        if private:
-            sub._unacked += 1
-            if sub._unacked >= self.ack_every:
-                self._send_ack(sub)
-
-    async def _on_result(self, m: Result) -> None:
-        fut = self._calls.get(m.call)
-        box = self._streams.get(m.call) if fut is None else None
-        if fut is None and box is None:
-            return  # timed out or abandoned
-        payload = self._inflate(m.payload, m.compressed)
-        if m.status == 0:
-            value = _decode(Codec.JSON, payload, "RESULT")
-            if fut is not None:
-                if not fut.done():
-                    fut.set_result(value)
-            elif box is not None:
-                if payload:
-                    await box.put(value)
-                box.finish()
-            return
-        err = _call_error(payload)
-        if fut is not None:
-            if not fut.done():
-                fut.set_exception(err)
-        elif box is not None:
-            box.finish(err)
-
-    async def _on_stream(self, m: Stream) -> None:
-        box = self._streams.get(m.call)
-        if box is None:
-            return
-        payload = self._inflate(m.payload, m.compressed)
-        if payload or not m.last:
-            await box.put(_decode(Codec.JSON, payload, "STREAM"))
-        if m.last:
-            box.finish()
-
-    def _on_subscribed(self, m: Subscribed) -> None:
-        sub = self._sub_reqs.pop(m.req, None)
-        if sub is None:
-            return
-        if m.epoch != sub.epoch:
-            # a new numbering: nothing held so far compares with it
-            sub.last_seq = m.head if m.mode == Mode.RING else 0
-            sub._acked = sub._unacked = 0
-        sub.topic = m.topic
-        sub.mode = m.mode
-        sub.codec = m.codec
-        sub.epoch = m.epoch
-        sub.head = m.head
-        sub.recovered = m.recovered
-        self._topics[m.topic] = sub
-        if not sub._wanted:
-            self._control(Unsubscribe(m.topic))
-        sub.active = True
-        fut, sub._pending = sub._pending, None
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-    def _on_rejected(self, m: Rejected) -> None:
-        sub = self._sub_reqs.pop(m.req, None)
-        if sub is not None:
-            self._subs.pop(sub, None)
-            fut, sub._pending = sub._pending, None
-            if fut is not None and not fut.done():
-                fut.set_exception(SubscribeRejected(m.code, m.reason))
-            sub._end(SubscriptionEnded(m.code, m.reason))
-            return
-        self.stats.rejected += 1
-        self.rejections.append(Rejection(m.req, self._pub_reqs.pop(m.req, ""), m.code, m.reason))
-        log.warning("request %d refused: %s (code %d)", m.req, m.reason, m.code)
-
-    def _on_unsubscribed(self, m: Unsubscribed) -> None:
-        sub = self._topics.pop(m.topic, None)
-        if sub is None:
-            return
-        self._subs.pop(sub, None)
-        if m.code == 0:
-            sub._end(SubscriptionEnded(0, "unsubscribed"))
-        else:
-            sub._end(SubscriptionEnded(m.code, m.reason))
-
-    async def _on_gap(self, m: Gap) -> None:
-        sub = self._topics.get(m.topic)
-        if sub is None:
-            return
-        info = GapInfo(sub.name, m.start, m.count)
-        sub.gaps.append(info)
-        if len(sub.gaps) > GAPS_KEPT:
-            del sub.gaps[: len(sub.gaps) - GAPS_KEPT]
-        self.stats.gaps += 1
-        if m.count:
-            sub.last_seq = max(sub.last_seq, m.start + m.count - 1)
-        if sub._on_gap is not None:
-            await _invoke(sub._on_gap, info, what=f"on_gap of {sub.name!r}")

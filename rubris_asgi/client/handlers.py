@@ -1,0 +1,227 @@
+"""What the client does with each server message: the ``_ServerMessages`` mixin of Client."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..compression import inflate
+from ..errors import ErrorCode, ProtocolError
+from ..protocol import (
+    ClientMessage,
+    Codec,
+    Flow,
+    Gap,
+    Goodbye,
+    Message,
+    Mode,
+    Nak,
+    Pong,
+    Push,
+    Rejected,
+    Result,
+    Stream,
+    Subscribed,
+    Unsubscribe,
+    Unsubscribed,
+)
+from .concurrency import _invoke
+from .errors import SubscribeRejected, SubscriptionEnded, _Bye
+from .payloads import _call_error, _decode
+from .subscription import GAPS_KEPT, GapInfo, PushInfo, Subscription, _StreamBox
+
+if TYPE_CHECKING:
+    from .core import ClientStats
+
+__all__ = ["Rejection"]
+
+log = logging.getLogger("rubris_asgi.client")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A PUBLISH the server refused (``name`` is empty when the request is no longer known)."""
+
+    req: int
+    name: str
+    code: int
+    reason: str
+
+
+class _ServerMessages:
+    """What the client does with each server message; mixed into :class:`~.core.Client`.
+
+    The reader hands every message after WELCOME to :meth:`_on_message`, in the order of the
+    wire. The attributes and methods below are the Client's, declared here for the type checker.
+    """
+
+    max_inflated: int
+    ack_every: int
+    stats: ClientStats
+    rejections: deque[Rejection]
+    _subs: dict[Subscription, None]
+    _topics: dict[int, Subscription]
+    _sub_reqs: dict[int, Subscription]
+    _pub_reqs: OrderedDict[int, str]
+    _calls: dict[int, asyncio.Future[Any]]
+    _streams: dict[int, _StreamBox]
+    _pings: dict[int, asyncio.Future[None]]
+    _control: Callable[[ClientMessage], None]
+    _send_ack: Callable[[Subscription], None]
+
+    async def _on_message(self, msg: Message) -> None:
+        if isinstance(msg, Push):
+            await self._on_push(msg)
+        elif isinstance(msg, Result):
+            await self._on_result(msg)
+        elif isinstance(msg, Stream):
+            await self._on_stream(msg)
+        elif isinstance(msg, Subscribed):
+            self._on_subscribed(msg)
+        elif isinstance(msg, Rejected):
+            self._on_rejected(msg)
+        elif isinstance(msg, Unsubscribed):
+            self._on_unsubscribed(msg)
+        elif isinstance(msg, Gap):
+            await self._on_gap(msg)
+        elif isinstance(msg, Pong):
+            fut = self._pings.get(msg.token)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        elif isinstance(msg, Goodbye):
+            self.stats.goodbye = (msg.code, msg.reason)
+            raise _Bye(msg.code, msg.reason)
+        elif isinstance(msg, Flow):
+            self.stats.flow = msg.fill
+        else:
+            raise ProtocolError(
+                f"the server sent {type(msg).__name__.upper()}, which is not a server message",
+                ErrorCode.PROTOCOL,
+            )
+
+    def _inflate(self, payload: bytes, compressed: bool) -> bytes:
+        if not compressed:
+            return payload
+        data = inflate(payload, self.max_inflated)
+        self.stats.compressed += 1
+        self.stats.bytes_saved += len(data) - len(payload)
+        return data
+
+    async def _on_push(self, m: Push) -> None:
+        sub = self._topics.get(m.topic)
+        if sub is None:
+            return  # unsubscribed meanwhile
+        private = sub.mode == Mode.PRIVATE
+        if private and m.seq <= sub.last_seq:
+            sub._ack_due = True  # a replay after resume: ours already, but say so again
+            return
+        payload = self._inflate(m.payload, m.compressed)
+        value = _decode(sub.codec, payload, sub.name)
+        sub.last_seq = max(sub.last_seq, m.seq)
+        info = PushInfo(sub.name, m.topic, m.seq, m.compressed)
+        if sub._callback is not None:
+            await _invoke(sub._callback, value, info, what=f"callback of {sub.name!r}")
+        else:
+            level = sub._put(value, info)
+            if level:
+                self._control(Nak(level))
+        if private:
+            sub._unacked += 1
+            if sub._unacked >= self.ack_every:
+                self._send_ack(sub)
+
+    async def _on_result(self, m: Result) -> None:
+        fut = self._calls.get(m.call)
+        box = self._streams.get(m.call) if fut is None else None
+        if fut is None and box is None:
+            return  # timed out or abandoned
+        payload = self._inflate(m.payload, m.compressed)
+        if m.status == 0:
+            value = _decode(Codec.JSON, payload, "RESULT")
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(value)
+            elif box is not None:
+                if payload:
+                    await box.put(value)
+                box.finish()
+            return
+        err = _call_error(payload)
+        if fut is not None:
+            if not fut.done():
+                fut.set_exception(err)
+        elif box is not None:
+            box.finish(err)
+
+    async def _on_stream(self, m: Stream) -> None:
+        box = self._streams.get(m.call)
+        if box is None:
+            return
+        payload = self._inflate(m.payload, m.compressed)
+        if payload or not m.last:
+            await box.put(_decode(Codec.JSON, payload, "STREAM"))
+        if m.last:
+            box.finish()
+
+    def _on_subscribed(self, m: Subscribed) -> None:
+        sub = self._sub_reqs.pop(m.req, None)
+        if sub is None:
+            return
+        if m.epoch != sub.epoch:
+            # a new numbering: nothing held so far compares with it
+            sub.last_seq = m.head if m.mode == Mode.RING else 0
+            sub._acked = sub._unacked = 0
+        sub.topic = m.topic
+        sub.mode = m.mode
+        sub.codec = m.codec
+        sub.epoch = m.epoch
+        sub.head = m.head
+        sub.recovered = m.recovered
+        self._topics[m.topic] = sub
+        if not sub._wanted:
+            self._control(Unsubscribe(m.topic))
+        sub.active = True
+        fut, sub._pending = sub._pending, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _on_rejected(self, m: Rejected) -> None:
+        sub = self._sub_reqs.pop(m.req, None)
+        if sub is not None:
+            self._subs.pop(sub, None)
+            fut, sub._pending = sub._pending, None
+            if fut is not None and not fut.done():
+                fut.set_exception(SubscribeRejected(m.code, m.reason))
+            sub._end(SubscriptionEnded(m.code, m.reason))
+            return
+        self.stats.rejected += 1
+        self.rejections.append(Rejection(m.req, self._pub_reqs.pop(m.req, ""), m.code, m.reason))
+        log.warning("request %d refused: %s (code %d)", m.req, m.reason, m.code)
+
+    def _on_unsubscribed(self, m: Unsubscribed) -> None:
+        sub = self._topics.pop(m.topic, None)
+        if sub is None:
+            return
+        self._subs.pop(sub, None)
+        if m.code == 0:
+            sub._end(SubscriptionEnded(0, "unsubscribed"))
+        else:
+            sub._end(SubscriptionEnded(m.code, m.reason))
+
+    async def _on_gap(self, m: Gap) -> None:
+        sub = self._topics.get(m.topic)
+        if sub is None:
+            return
+        info = GapInfo(sub.name, m.start, m.count)
+        sub.gaps.append(info)
+        if len(sub.gaps) > GAPS_KEPT:
+            del sub.gaps[: len(sub.gaps) - GAPS_KEPT]
+        self.stats.gaps += 1
+        if m.count:
+            sub.last_seq = max(sub.last_seq, m.start + m.count - 1)
+        if sub._on_gap is not None:
+            await _invoke(sub._on_gap, info, what=f"on_gap of {sub.name!r}")

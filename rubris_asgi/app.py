@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -459,11 +459,3 @@ class Rubris:
                     s = conn.session
                     await conn.abort(ErrorCode.SLOW_CONSUMER, "slow consumer", goodbye=True)
                     engine.end_session(s)
-
-
-def static_path(name: str) -> Path:
-    """Where the packaged static files (client.js) are."""
-    return STATIC / name
-
-
-Handler = Callable[..., Awaitable[Any]]

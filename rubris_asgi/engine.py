@@ -20,7 +20,7 @@ import orjson
 from .buffers import FrameBuffer, WriterPool
 from .compression import Compression, Compressor
 from .config import Config
-from .errors import ErrorCode, MessageTooLarge, ProtocolError, QueueFull, SessionClosed
+from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
 from .protocol import Codec, Goodbye, Mode, Rejected, Subscribed, Unsubscribed, encode
 from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
@@ -358,4 +358,4 @@ class Engine:
             )
 
 
-__all__ = ["Engine", "MessageTooLarge", "encode_payload", "new_epoch"]
+__all__ = ["Engine", "encode_payload", "new_epoch"]

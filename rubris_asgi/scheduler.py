@@ -281,7 +281,6 @@ class Scheduler:
         stats.messages += len(parts)
         stats.bytes += size
         s.ready = False
-        s.frames += 1
         sink = s.sink
         if sink is None:  # detached between readiness and now: keep nothing half-done
             self.pool.release(lease)

@@ -58,14 +58,12 @@ class Session:
         "held",
         "failed_sends",
         "last_failed",
-        "blocked_since",
         "nak_interval",
         "nak_fill",
         "nak_at",
         "calls",
         "detached_at",
         "close_code",
-        "frames",
         "data",
         "__weakref__",
     )
@@ -98,7 +96,6 @@ class Session:
         """A timer to re-queue this session is set."""
         self.failed_sends = 0
         self.last_failed = 0.0
-        self.blocked_since = 0.0
         self.nak_interval = 0.0
         self.nak_fill = 0
         self.nak_at = 0.0
@@ -107,7 +104,6 @@ class Session:
         self.detached_at = 0.0
         self.close_code = 0
         """The GOODBYE code once the session is CLOSING."""
-        self.frames = 0
         self.data: dict[str, Any] = {}
         """Free for the application (e.g. per-session state of handlers)."""
 

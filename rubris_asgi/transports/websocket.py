@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +30,6 @@ from .common import CLOSE_CODES, decode_client_frame, open_or_resume, welcome
 
 if TYPE_CHECKING:
     from ..app import Rubris
-
-log = logging.getLogger("rubris_asgi")
 
 
 class WebSocketConnection:

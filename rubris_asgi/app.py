@@ -16,15 +16,15 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route, Router, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
+from .assets import Assets
 from .buffers import PoolStats
 from .channels import _UNSET, Registry
 from .compression import CompressionStats, Compressor, Decompressor
@@ -42,8 +42,6 @@ log = logging.getLogger("rubris_asgi")
 
 F = TypeVar("F", bound=Callable[..., Any])
 Authenticate = Callable[[HTTPConnection], Any]
-
-STATIC = Path(__file__).parent / "static"
 
 
 @dataclass(frozen=True)
@@ -101,6 +99,7 @@ class Rubris:
         self._wake: asyncio.Event | None = None
         self.started = False
         self.draining = False
+        self.assets = Assets()
         self.router = Router(
             routes=[
                 WebSocketRoute("/ws", WebSocketEndpoint(self)),
@@ -108,6 +107,7 @@ class Rubris:
                 Route("/lp/{session}", self._lp_poll, methods=["GET"]),
                 Route("/lp/{session}", self._lp_post, methods=["POST"]),
                 Route("/client.js", self._client_js, methods=["GET", "HEAD"]),
+                Route("/client/{name:path}", self._client_module, methods=["GET", "HEAD"]),
             ]
         )
 
@@ -307,11 +307,10 @@ class Rubris:
         return await longpoll.post_frame(self, request)
 
     async def _client_js(self, request: Request) -> Response:
-        return FileResponse(
-            STATIC / "client.js",
-            media_type="text/javascript",
-            headers={"Cache-Control": "no-cache"},
-        )
+        return self.assets.response(request, "client.js")
+
+    async def _client_module(self, request: Request) -> Response:
+        return self.assets.response(request, "client/" + request.path_params["name"])
 
     async def _lifespan_protocol(self, receive: Receive, send: Send) -> None:
         while True:

@@ -1,0 +1,322 @@
+"""What the wire carries: the kinds, modes and codecs, and one frozen dataclass per kind.
+
+A dataclass's fields are the wire fields in wire order, and each field's annotation names its
+wire type (:data:`Uv`, :data:`U8`, :data:`Flag`, :data:`Str`, :data:`Rest`, :data:`Uvs`): the
+codec (codec.py) builds every kind's encoder and parser from these declarations, so adding a
+kind or a field is a change here and nowhere else. ``compressed`` is not a wire field; it is
+the COMPRESSED bit of the kind byte, and only kinds with a :data:`Rest` payload have it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TypeAlias, overload
+
+from ..errors import ErrorCode, ProtocolError
+
+VERSION = 1
+SUBPROTOCOL = "rubris.v1"
+COMPRESSED = 0x80
+
+
+class Kind(IntEnum):
+    """Message kinds (protocol.md sections 3 and 4): 0x01-0x1F server, 0x21-0x3F client."""
+
+    WELCOME = 0x01
+    PUSH = 0x02
+    RESULT = 0x03
+    STREAM = 0x04
+    SUBSCRIBED = 0x05
+    REJECTED = 0x06
+    UNSUBSCRIBED = 0x07
+    GAP = 0x08
+    PONG = 0x09
+    GOODBYE = 0x0A
+    FLOW = 0x0B
+    HELLO = 0x21
+    SUBSCRIBE = 0x22
+    UNSUBSCRIBE = 0x23
+    CALL = 0x24
+    ACK = 0x25
+    NACK = 0x26
+    NAK = 0x27
+    PING = 0x28
+    PUBLISH = 0x29
+
+
+class Mode(IntEnum):
+    """A topic's delivery mode, as announced in SUBSCRIBED."""
+
+    SNAPSHOT = 1
+    RING = 2
+    PRIVATE = 3
+    QUEUE = 4
+
+
+class Codec(IntEnum):
+    """A topic's payload encoding, as announced in SUBSCRIBED."""
+
+    JSON = 0
+    BYTES = 1
+    TEXT = 2
+
+
+COMPRESSIBLE: frozenset[int] = frozenset(
+    {Kind.PUSH, Kind.RESULT, Kind.STREAM, Kind.SUBSCRIBE, Kind.CALL, Kind.PUBLISH}
+)
+
+# Wire types. To the type checker they are the Python types; to the codec, the annotation's
+# name says how the field is laid out (protocol.md section 2).
+Uv: TypeAlias = int
+"""Unsigned LEB128, at most 10 bytes, below 2**64."""
+U8: TypeAlias = int
+"""One byte."""
+Flag: TypeAlias = bool
+"""One byte, 0 or 1."""
+Str: TypeAlias = str
+"""A uv byte length, then UTF-8."""
+Rest: TypeAlias = bytes
+"""The remainder of the body: the payload, which may be compressed."""
+Uvs: TypeAlias = tuple[int, ...]
+"""uvs to the end of the body (ACK's values)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    session: Str
+    resume: Str
+    heartbeat_ms: Uv
+    max_frame: Uv
+    resumed: Flag
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    topic: Uv
+    seq: Uv
+    payload: Rest
+    compressed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    call: Uv
+    status: U8
+    payload: Rest
+    compressed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    call: Uv
+    last: Flag
+    payload: Rest
+    compressed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribed:
+    req: Uv
+    topic: Uv
+    # Plain ints rather than Mode/Codec: a newer server may announce a value this code lacks.
+    mode: U8
+    codec: U8
+    epoch: Uv
+    head: Uv
+    recovered: Flag
+    name: Str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    req: Uv
+    code: Uv
+    reason: Str
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribed:
+    topic: Uv
+    code: Uv
+    reason: Str
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    topic: Uv
+    start: Uv = field(metadata={"wire": "from"})  # `from` is a Python keyword
+    count: Uv
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    token: Uv
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye:
+    code: Uv
+    reason: Str
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    fill: U8
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    version: Uv
+    resume: Str
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    req: Uv
+    name: Str
+    epoch: Uv
+    since: Uv
+    params: Rest
+    compressed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    topic: Uv
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    call: Uv
+    method: Str
+    payload: Rest
+    compressed: bool = False
+
+
+class _AckItems:
+    """``Ack.items(topic, seqs)`` builds a queue ACK; ``ack.items`` reads its seqs back.
+
+    One name for both directions, as with ``Ack.private``/``ack.upto`` but without a second
+    name to remember; a descriptor is the only way to give a class and its instances different
+    meanings for the same attribute.
+    """
+
+    @overload
+    def __get__(self, obj: None, owner: type[Ack]) -> Callable[[int, Iterable[int]], Ack]: ...
+
+    @overload
+    def __get__(self, obj: Ack, owner: type[Ack] | None = None) -> tuple[int, ...]: ...
+
+    def __get__(
+        self, obj: Ack | None, owner: type[Ack] | None = None
+    ) -> Callable[[int, Iterable[int]], Ack] | tuple[int, ...]:
+        if obj is None:
+            return _ack_items
+        values = obj.values
+        if not values or values[0] != len(values) - 1:
+            raise ProtocolError(
+                f"ACK: expected a count followed by that many seqs, found {len(values)} values"
+                + (f" starting with count {values[0]}" if values else ""),
+                ErrorCode.PROTOCOL,
+            )
+        return values[1:]
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """ACK: ``topic`` then a run of uv ``values`` whose meaning depends on the topic's mode.
+
+    The decoder cannot know the mode, so it keeps the raw values; the session, which does,
+    reads them through :attr:`upto` (private topics: one cumulative seq) or :attr:`items`
+    (queue topics: ``n`` then ``n`` seqs).
+    """
+
+    topic: Uv
+    values: Uvs
+
+    items = _AckItems()
+
+    @classmethod
+    def private(cls, topic: int, upto: int) -> Ack:
+        return cls(topic, (upto,))
+
+    @property
+    def upto(self) -> int:
+        if not self.values:
+            raise ProtocolError("ACK: expected upto after topic, found nothing", ErrorCode.PROTOCOL)
+        return self.values[0]
+
+
+def _ack_items(topic: int, seqs: Iterable[int]) -> Ack:
+    seqs = tuple(seqs)
+    return Ack(topic, (len(seqs), *seqs))
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    topic: Uv
+    seq: Uv
+    requeue: Flag
+
+
+@dataclass(frozen=True, slots=True)
+class Nak:
+    fill: U8
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    token: Uv
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    req: Uv
+    name: Str
+    payload: Rest
+    compressed: bool = False
+
+
+ServerMessage: TypeAlias = (
+    Welcome
+    | Push
+    | Result
+    | Stream
+    | Subscribed
+    | Rejected
+    | Unsubscribed
+    | Gap
+    | Pong
+    | Goodbye
+    | Flow
+)
+ClientMessage: TypeAlias = (
+    Hello | Subscribe | Unsubscribe | Call | Ack | Nack | Nak | Ping | Publish
+)
+Message: TypeAlias = ServerMessage | ClientMessage
+
+KINDS: dict[type[Message], Kind] = {
+    Welcome: Kind.WELCOME,
+    Push: Kind.PUSH,
+    Result: Kind.RESULT,
+    Stream: Kind.STREAM,
+    Subscribed: Kind.SUBSCRIBED,
+    Rejected: Kind.REJECTED,
+    Unsubscribed: Kind.UNSUBSCRIBED,
+    Gap: Kind.GAP,
+    Pong: Kind.PONG,
+    Goodbye: Kind.GOODBYE,
+    Flow: Kind.FLOW,
+    Hello: Kind.HELLO,
+    Subscribe: Kind.SUBSCRIBE,
+    Unsubscribe: Kind.UNSUBSCRIBE,
+    Call: Kind.CALL,
+    Ack: Kind.ACK,
+    Nack: Kind.NACK,
+    Nak: Kind.NAK,
+    Ping: Kind.PING,
+    Publish: Kind.PUBLISH,
+}
+"""Each message class and its kind."""

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
-from starlette.requests import HTTPConnection, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, Router, WebSocketRoute
 from starlette.types import Receive, Scope, Send
@@ -31,17 +29,17 @@ from .compression import CompressionStats, Compressor, Decompressor
 from .config import Config
 from .dispatch import Dispatcher
 from .engine import Engine
-from .errors import ErrorCode, ProtocolError, QueueFull, Reject, SessionClosed
+from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
 from .protocol import Codec
 from .scheduler import CycleStats
 from .session import Session, SessionState
-from .transports import longpoll
-from .transports.websocket import WebSocketConnection, WebSocketEndpoint
+from .transports.gateway import Authenticate, Gateway
+from .transports.longpoll import LongPollSession, LongPollTransport
+from .transports.websocket import WebSocketTransport
 
 log = logging.getLogger("rubris_asgi")
 
 F = TypeVar("F", bound=Callable[..., Any])
-Authenticate = Callable[[HTTPConnection], Any]
 
 
 @dataclass(frozen=True)
@@ -90,10 +88,15 @@ class Rubris:
         self.engine = Engine(config, compressor=compressor, **({"clock": clock} if clock else {}))
         self.registry = Registry(compress_at=config.compress_at)
         self.dispatcher = Dispatcher(self.engine, self.registry, config, decompressor)
-        self._authenticate = authenticate
-        self.allowed_origins = frozenset(allowed_origins)
-        self.connections: set[WebSocketConnection] = set()
-        self.lp_sessions: dict[str, longpoll.LongPollSession] = {}
+        self.gateway = Gateway(
+            self.engine,
+            self.dispatcher,
+            config,
+            authenticate=authenticate,
+            allowed_origins=allowed_origins,
+        )
+        self.websocket = WebSocketTransport(self.gateway)
+        self.longpoll = LongPollTransport(self.gateway)
         self.engine.on_session_end = self._session_ended
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
@@ -102,10 +105,10 @@ class Rubris:
         self.assets = Assets()
         self.router = Router(
             routes=[
-                WebSocketRoute("/ws", WebSocketEndpoint(self)),
+                WebSocketRoute("/ws", self.websocket),
                 Route("/lp", self._lp_open, methods=["POST"]),
-                Route("/lp/{session}", self._lp_poll, methods=["GET"]),
-                Route("/lp/{session}", self._lp_post, methods=["POST"]),
+                Route("/lp/{session}", self.longpoll.poll, methods=["GET"]),
+                Route("/lp/{session}", self.longpoll.post_frame, methods=["POST"]),
                 Route("/client.js", self._client_js, methods=["GET", "HEAD"]),
                 Route("/client/{name:path}", self._client_module, methods=["GET", "HEAD"]),
             ]
@@ -220,59 +223,9 @@ class Rubris:
             compression=replace(e.compression.stats),
         )
 
-    # authentication and origin
-
-    async def authenticate(self, conn: HTTPConnection) -> Any:
-        if self._authenticate is not None:
-            try:
-                user = self._authenticate(conn)
-                if inspect.isawaitable(user):
-                    user = await user
-            except Reject as r:
-                raise ProtocolError(r.reason, ErrorCode.NOT_AUTHORISED) from None
-            return user
-        return conn.scope.get("user")
-
-    @staticmethod
-    def user_key(user: Any) -> Any:
-        """A stable identity for comparing users across resumes and polls."""
-        if user is None or not getattr(user, "is_authenticated", True):
-            return None
-        if isinstance(user, (str, int, bytes, tuple)):
-            return user
-        for attr in ("identity", "username", "id", "display_name"):
-            with contextlib.suppress(Exception):
-                value = getattr(user, attr)
-                if isinstance(value, (str, int)):
-                    return (type(user).__name__, value)
-        return ("object", id(user))
-
-    def origin_allowed(self, origin: str | None, host: str | None = None) -> bool:
-        if origin is None or "*" in self.allowed_origins or origin in self.allowed_origins:
-            return True  # no Origin: not a browser, so not a cross-site hijack
-        return host is not None and urlsplit(origin).netloc == host
-
-    # sessions and transports
-
-    def take_over(self, s: Session) -> None:
-        """A resumed session leaves the connection that carried it before."""
-        old = s.sink
-        if isinstance(old, WebSocketConnection):
-            old.superseded()
-        elif isinstance(old, longpoll.LongPollSession):
-            old.end()
-            self.lp_sessions.pop(s.id, None)
-        if old is not None:
-            self.engine.detach(s)
-
-    def end_session(self, s: Session) -> None:
-        self.engine.end_session(s)
-
     def _session_ended(self, s: Session) -> None:
         self.dispatcher.cancel_session(s)
-        lp = self.lp_sessions.pop(s.id, None)
-        if lp is not None:
-            lp.end()
+        self.longpoll.session_ended(s)
 
     # ASGI
 
@@ -298,13 +251,7 @@ class Rubris:
     async def _lp_open(self, request: Request) -> Response:
         if self.draining:
             return Response("server shutting down", 503)
-        return await longpoll.open_session(self, request)
-
-    async def _lp_poll(self, request: Request) -> Response:
-        return await longpoll.poll(self, request)
-
-    async def _lp_post(self, request: Request) -> Response:
-        return await longpoll.post_frame(self, request)
+        return await self.longpoll.open_session(request)
 
     async def _client_js(self, request: Request) -> Response:
         return self.assets.response(request, "client.js")
@@ -380,8 +327,7 @@ class Rubris:
             self._draining(s) for s in engine.sessions.values()
         ):
             await asyncio.sleep(0.01)
-        for conn in list(self.connections):
-            await conn.abort(ErrorCode.SHUTTING_DOWN, "server shutting down", goodbye=True)
+        await self.websocket.abort_all(ErrorCode.SHUTTING_DOWN, "server shutting down")
         for s in list(engine.sessions.values()):
             engine.end_session(s)
 
@@ -403,11 +349,8 @@ class Rubris:
         """Whether shutdown should still wait for ``s`` to take its last frames."""
         if not s.has_work() or s.sink is None:
             return False
-        if isinstance(s.sink, longpoll.LongPollSession):
-            # a long-poll client gets its GOODBYE only if it is polling, or about to poll again
-            lp = s.sink
-            polling = lp.waiter is not None and not lp.waiter.done()
-            return polling or self.engine.clock() - lp.last_seen < 1.0
+        if isinstance(s.sink, LongPollSession):
+            return s.sink.takes_goodbye(self.engine.clock())
         return True
 
     async def _run_scheduler(self) -> None:
@@ -445,16 +388,5 @@ class Rubris:
             await asyncio.sleep(min(0.25, timing.session_timeout / 4, writer.max_blocked / 4))
             now = engine.clock()
             engine.expire()
-            for lp in list(self.lp_sessions.values()):
-                waiting = lp.waiter is not None and not lp.waiter.done()
-                if not waiting and now - lp.last_seen > timing.session_timeout:
-                    engine.end_session(lp.session)
-            for conn in list(self.connections):
-                since = conn.writing_since
-                if since and now - since > writer.max_blocked and conn.session is not None:
-                    log.info(
-                        "session %s blocked for %.1fs: closing", conn.session.id[:8], now - since
-                    )
-                    s = conn.session
-                    await conn.abort(ErrorCode.SLOW_CONSUMER, "slow consumer", goodbye=True)
-                    engine.end_session(s)
+            self.longpoll.expire(now)
+            await self.websocket.close_blocked(now)

@@ -37,6 +37,10 @@ class FrameSink(Protocol):
 
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None: ...
 
+    def superseded(self) -> None:
+        """A newer connection resumed the session: stop carrying it and let go of what is
+        held for it (the engine detaches the session right after)."""
+
 
 class Session:
     """One client's state in the engine (sans-IO: no sockets, no tasks)."""

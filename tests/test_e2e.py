@@ -151,11 +151,11 @@ async def test_private_lossless_across_a_forced_disconnect(transport: str) -> No
             await until(lambda: len(received) >= 5)
             # pull the plug on the connection, server side
             if transport == "websocket":
-                for conn in list(rubris.connections):
+                for conn in list(rubris.websocket.connections):
                     await conn.abort(8, "test drop")
             else:
                 rubris.engine.detach(session)
-                rubris.lp_sessions.pop(session.id).end()
+                rubris.longpoll.sessions.pop(session.id).end()
             await asyncio.wait_for(task, 20)
             await until(lambda: len(set(received)) == 60, timeout=15)
             assert sorted(set(received)) == list(range(60))

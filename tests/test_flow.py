@@ -147,7 +147,7 @@ def ws_rubris(clock: FakeClock) -> tuple[Rubris, Session, WebSocketConnection, G
     rubris = Rubris(Config(writer=W), clock=clock)
     send = GatedSend()
     scope = {"type": "websocket", "path": "/ws", "headers": [], "query_string": b""}
-    conn = WebSocketConnection(rubris, scope, _never, send)  # type: ignore[arg-type]
+    conn = WebSocketConnection(rubris.websocket, scope, _never, send)  # type: ignore[arg-type]
     s = rubris.engine.open_session()
     conn.session = s
     rubris.engine.attach(s, conn)
@@ -190,7 +190,7 @@ async def test_session_blocked_past_max_blocked_is_ended() -> None:
     rubris = Rubris(Config(writer=WriterConfig(max_blocked=0.5)), clock=clock)
     send = GatedSend()
     scope = {"type": "websocket", "path": "/ws", "headers": [], "query_string": b""}
-    conn = WebSocketConnection(rubris, scope, _never, send)  # type: ignore[arg-type]
+    conn = WebSocketConnection(rubris.websocket, scope, _never, send)  # type: ignore[arg-type]
     conn.ws.client_state = conn.ws.application_state = type(conn.ws.client_state).CONNECTED
     await rubris.start()
     try:
@@ -198,7 +198,7 @@ async def test_session_blocked_past_max_blocked_is_ended() -> None:
         s = e.open_session()
         conn.session = s
         e.attach(s, conn)
-        rubris.connections.add(conn)
+        rubris.websocket.connections.add(conn)
         t = e.topic("t", Mode.RING)
         e.subscribe(s, t, 1, 0, 0)
         send.writable.clear()
@@ -217,7 +217,7 @@ async def test_session_blocked_past_max_blocked_is_ended() -> None:
             if s.id not in e.sessions:
                 break
         assert s.id not in e.sessions
-        assert conn not in rubris.connections and conn.closed
+        assert conn not in rubris.websocket.connections and conn.closed
         assert e.pool.stats.in_use_block == 0  # the stuck frame's lease came back
     finally:
         send.writable.set()

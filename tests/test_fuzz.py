@@ -243,8 +243,8 @@ async def test_fuzzing_both_transports_leaks_nothing_and_disturbs_nobody() -> No
                 # the rest after the short session timeout), and every task and connection goes
                 good_id = good.session_id
                 await until(lambda: set(rubris.engine.sessions) == {good_id}, timeout=5)
-                await until(lambda: len(rubris.connections) == 1, timeout=5)
-                assert set(rubris.lp_sessions) == set()
+                await until(lambda: len(rubris.websocket.connections) == 1, timeout=5)
+                assert set(rubris.longpoll.sessions) == set()
                 assert rubris.dispatcher.tasks == set()
                 await until(
                     lambda: {t for t in asyncio.all_tasks() if not t.done()} <= tasks_before,

@@ -170,8 +170,8 @@ async def test_server_sends_goodbye_9_on_both_transports_and_leaves_nothing() ->
             await ws.close()
             await http.aclose()
     assert not rubris.started
-    assert rubris.engine.sessions == {} and rubris.lp_sessions == {}
-    assert rubris.connections == set() and rubris.dispatcher.tasks == set()
+    assert rubris.engine.sessions == {} and rubris.longpoll.sessions == {}
+    assert rubris.websocket.connections == set() and rubris.dispatcher.tasks == set()
     pool = rubris.stats().pool
     assert pool.in_use_block + pool.in_use_large + pool.in_use_unpooled == 0
     await until(lambda: running_tasks() <= before, timeout=3)
@@ -231,7 +231,7 @@ async def test_drain_is_bounded_by_shutdown_drain_with_a_stuck_client(via_server
         await asyncio.get_running_loop().sock_sendall(stuck, ws_client_frame(hello))
         topics = rubris.engine.topics
         await until(lambda: "fat" in topics and bool(topics["fat"].subs))
-        [conn] = list(rubris.connections)
+        [conn] = list(rubris.websocket.connections)
         blob = "x" * (128 * 1024)
         for _ in range(100):
             if conn.writing is not None:
@@ -258,6 +258,6 @@ async def test_drain_is_bounded_by_shutdown_drain_with_a_stuck_client(via_server
         # the drain: shutdown_drain; the Server then cuts the stuck connection after as long
         # again (uvicorn alone would wait for it forever)
         assert DRAIN - 0.1 <= took < (2 * DRAIN if via_server else DRAIN) + 1.5, took
-        assert rubris.engine.sessions == {} and rubris.connections == set()
+        assert rubris.engine.sessions == {} and rubris.websocket.connections == set()
         if via_server:
             await until(lambda: running_tasks() <= before, timeout=3)

@@ -181,7 +181,7 @@ async def test_a_stalled_client_does_not_slow_the_others() -> None:
             assert MAX_BLOCKED <= held_for <= MAX_BLOCKED + 1.5, held_for
             assert watch.max_stalled_leases == 1
             assert watch.max_leases <= 5, watch.max_leases
-            assert conn not in rubris.connections
+            assert conn not in rubris.websocket.connections
             pool = rubris.stats().pool
             assert (pool.in_use_block, pool.in_use_large, pool.in_use_unpooled) == (0, 0, 0)
             # reading again, it got what was queued, then GOODBYE 7 and close 1013

@@ -11,7 +11,6 @@ import logging
 import random
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
@@ -49,6 +48,7 @@ from .handlers import Rejection, _ServerMessages
 from .links import _endpoints, _Link, _LongPollLink, _WebSocketLink
 from .outbox import _Outbox
 from .payloads import _dumps
+from .stats import ClientStats
 from .subscription import GapInfo, PushInfo, Subscription, _StreamBox
 
 __all__ = ["Client", "ClientStats", "Rejection", "State"]
@@ -59,29 +59,6 @@ State = Literal["connecting", "open", "reconnecting", "closed"]
 
 _MAX_BATCH = 1 << 20  # largest client frame when the server announces no max_frame
 _SLOW_RECONNECT = 1.0  # a connection that lived this long resets the backoff
-
-
-@dataclass
-class ClientStats:
-    """Counters of what the client received.
-
-    ``compressed`` counts messages that came COMPRESSED and ``bytes_saved`` what inflating them
-    added; ``gaps`` counts GAP messages; ``dropped`` counts values a full subscription queue
-    discarded; ``goodbye`` is the last GOODBYE as ``(code, reason)``; ``reconnects`` counts
-    WELCOMEs after the first; ``flow`` is the fill of the last FLOW (0 before any).
-    """
-
-    frames: int = 0
-    messages: int = 0
-    bytes_in: int = 0
-    compressed: int = 0
-    bytes_saved: int = 0
-    gaps: int = 0
-    dropped: int = 0
-    rejected: int = 0
-    reconnects: int = 0
-    flow: int = 0
-    goodbye: tuple[int, str] | None = None
 
 
 class Client(_ServerMessages):
@@ -278,7 +255,7 @@ class Client(_ServerMessages):
             if s.name == name and s._wanted:
                 raise RubrisError(f"already subscribed to {name!r}; unsubscribe first")
         body = b"" if params is None else orjson.dumps(params)
-        sub = Subscription(self, name, callback, body, on_gap)
+        sub = Subscription(self.stats, name, callback, body, on_gap)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         sub._pending = fut
         req = next(self._reqs)
@@ -297,7 +274,7 @@ class Client(_ServerMessages):
 
     async def unsubscribe(self, sub: Subscription) -> None:
         """Unsubscribe and wait for UNSUBSCRIBED (or the end of the session)."""
-        if sub._client is not self:
+        if sub._stats is not self.stats:  # each client has its own, for good
             raise ValueError("this subscription belongs to another client")
         if sub.ended:
             return

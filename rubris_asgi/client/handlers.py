@@ -7,7 +7,7 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..compression import inflate
 from ..errors import ErrorCode, ProtocolError
@@ -32,10 +32,8 @@ from ..protocol import (
 from .concurrency import _invoke
 from .errors import SubscribeRejected, SubscriptionEnded, _Bye
 from .payloads import _call_error, _decode
+from .stats import ClientStats
 from .subscription import GAPS_KEPT, GapInfo, PushInfo, Subscription, _StreamBox
-
-if TYPE_CHECKING:
-    from .core import ClientStats
 
 __all__ = ["Rejection"]
 

@@ -6,13 +6,11 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .concurrency import _within
 from .errors import SubscriptionEnded, _copy
-
-if TYPE_CHECKING:
-    from .core import Client
+from .stats import ClientStats
 
 __all__ = ["GapInfo", "PushInfo", "Subscription"]
 
@@ -60,7 +58,7 @@ class Subscription:
 
     def __init__(
         self,
-        client: Client,
+        stats: ClientStats,
         name: str,
         callback: Callable[[Any, PushInfo], Any] | None,
         params: bytes,
@@ -78,7 +76,7 @@ class Subscription:
         self.active = False  # between SUBSCRIBED and the end, and not waiting for a re-subscribe
         self.end_code: int | None = None
         self.end_reason = ""
-        self._client = client
+        self._stats = stats  # the client's: a full queue counts its drops there
         self._callback = callback
         self._on_gap = on_gap
         self._params = params
@@ -147,7 +145,7 @@ class Subscription:
         q = self._queue
         if len(q) >= QUEUE_SIZE:
             q.popleft()
-            self._client.stats.dropped += 1
+            self._stats.dropped += 1
         q.append((value, info))
         self._wake.set()
         fill = len(q) * 100 // QUEUE_SIZE

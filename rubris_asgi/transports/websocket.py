@@ -8,15 +8,17 @@ does the coroutine suspend; that is the *blocked write* of the large-messages so
 and only then is a task started to finish it. Until the write completes the session is not
 READY, so a slow socket holds back its own session and nothing else. A write that takes longer
 than ``blocked_after`` earns the progressive penalty (flow.py); one still stuck after
-``max_blocked`` ends the session with GOODBYE 7 (app.py's housekeeping watches for that).
+``max_blocked`` ends the session with GOODBYE 7 (:meth:`WebSocketTransport.close_blocked`, run
+by the app's housekeeping).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -26,17 +28,49 @@ from ..errors import ErrorCode, ProtocolError
 from ..flow import on_write_done
 from ..protocol import SUBPROTOCOL, Goodbye, encode
 from ..session import Session, SessionState
-from .common import CLOSE_CODES, decode_client_frame, open_or_resume, welcome
+from .gateway import CLOSE_CODES, Gateway
 
-if TYPE_CHECKING:
-    from ..app import Rubris
+log = logging.getLogger("rubris_asgi")
+
+
+class WebSocketTransport:
+    """The ASGI app behind ``{mount}/ws`` and the set of its live connections.
+
+    Raw ASGI rather than a Starlette endpoint, so that frames can use the raw ``send``.
+    """
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.connections: set[WebSocketConnection] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await WebSocketConnection(self, scope, receive, send).run()
+
+    async def close_blocked(self, now: float) -> None:
+        """End the sessions whose frame has been stuck in the socket for ``max_blocked``."""
+        limit = self.gateway.config.writer.max_blocked
+        for conn in list(self.connections):
+            since = conn.writing_since
+            s = conn.session
+            if since and now - since > limit and s is not None:
+                log.info("session %s blocked for %.1fs: closing", s.id[:8], now - since)
+                await conn.abort(ErrorCode.SLOW_CONSUMER, "slow consumer", goodbye=True)
+                self.gateway.engine.end_session(s)
+
+    async def abort_all(self, code: int, reason: str) -> None:
+        """GOODBYE ``code`` and close every connection, without waiting on their sockets."""
+        for conn in list(self.connections):
+            await conn.abort(code, reason, goodbye=True)
 
 
 class WebSocketConnection:
     """One WebSocket bound to a session; the session's ``FrameSink`` while connected."""
 
-    def __init__(self, rubris: Rubris, scope: Scope, receive: Receive, send: Send) -> None:
-        self.rubris = rubris
+    def __init__(
+        self, transport: WebSocketTransport, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        self.transport = transport
+        self.gateway = transport.gateway
         self.ws = WebSocket(scope, receive, send)
         self._send = send  # the raw ASGI send: frames skip Starlette's per-call state checks
         self.session: Session | None = None
@@ -49,7 +83,7 @@ class WebSocketConnection:
     # FrameSink: called from inside the scheduler's cycle, so it must never raise or await
 
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
-        engine = self.rubris.engine
+        engine = self.gateway.engine
         s = self.session
         if self.closed or s is None:
             engine.pool.release(lease)
@@ -77,8 +111,8 @@ class WebSocketConnection:
         self, coro: Coroutine[Any, Any, None], yielded: Any, lease: FrameBuffer
     ) -> None:
         """Carry a suspended ASGI send to its end, as a Task would, then account for it."""
-        rubris = self.rubris
-        engine = rubris.engine
+        gateway = self.gateway
+        engine = gateway.engine
         s = self.session
         assert s is not None
         started = self.writing_since
@@ -104,7 +138,7 @@ class WebSocketConnection:
             self.writing_since = 0.0
             self.writing = None
         now = engine.clock()
-        pause = on_write_done(s, started, now, rubris.config.writer)
+        pause = on_write_done(s, started, now, gateway.config.writer)
         if pause:
             engine.scheduler.hold(s, now + pause)
         if self.closed:
@@ -128,13 +162,13 @@ class WebSocketConnection:
     # the connection's life
 
     async def run(self) -> None:
-        rubris = self.rubris
+        gateway = self.gateway
         ws = self.ws
-        if not rubris.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
+        if not gateway.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
             await ws.close(1008, "origin not allowed")  # before accept: the handshake gets 403
             return
         try:
-            user = await rubris.authenticate(ws)
+            user = await gateway.authenticate(ws)
         except ProtocolError as exc:
             await ws.close(CLOSE_CODES.get(exc.code, 1008), str(exc)[:120])
             return
@@ -151,7 +185,7 @@ class WebSocketConnection:
             await self._goodbye(exc.code, str(exc))
         finally:
             self.closed = True
-            rubris.connections.discard(self)
+            self.transport.connections.discard(self)
             writing = self.writing
             if writing is not None:
                 writing.cancel()
@@ -161,21 +195,20 @@ class WebSocketConnection:
             s = self.session
             if s is not None and s.sink is self:
                 if s.state is SessionState.CONNECTED and not refused:
-                    rubris.engine.detach(s)
+                    gateway.engine.detach(s)
                 else:
-                    rubris.end_session(s)
+                    gateway.engine.end_session(s)
 
     async def _handshake(self, user: Any) -> None:
-        rubris = self.rubris
-        msg = await asyncio.wait_for(self.ws.receive(), rubris.config.timing.heartbeat * 2)
-        msgs = decode_client_frame(rubris, self._frame_bytes(msg))
-        s, resumed = open_or_resume(rubris, msgs, user)
-        rubris.take_over(s)
+        gateway = self.gateway
+        msg = await asyncio.wait_for(self.ws.receive(), gateway.config.timing.heartbeat * 2)
+        msgs = gateway.decode_client_frame(self._frame_bytes(msg))
+        s, resumed = gateway.open_or_resume(msgs, user)
         self.session = s
-        await self.ws.send_bytes(welcome(rubris, s, resumed))
-        rubris.engine.attach(s, self)
-        rubris.connections.add(self)
-        await rubris.dispatcher.handle(s, msgs[1:])
+        await self.ws.send_bytes(gateway.welcome(s, resumed))
+        gateway.engine.attach(s, self)
+        self.transport.connections.add(self)
+        await gateway.dispatcher.handle(s, msgs[1:])
 
     def _frame_bytes(self, msg: Any) -> bytes:
         if msg["type"] == "websocket.disconnect":
@@ -186,12 +219,12 @@ class WebSocketConnection:
         return bytes(data)
 
     async def _reader(self) -> None:
-        rubris = self.rubris
+        gateway = self.gateway
         s = self.session
         assert s is not None
-        timeout = rubris.config.timing.heartbeat * 2
+        timeout = gateway.config.timing.heartbeat * 2
         receive = self.ws.receive
-        handle = rubris.dispatcher.handle
+        handle = gateway.dispatcher.handle
         while not self.closed:
             try:
                 msg = await asyncio.wait_for(receive(), timeout)
@@ -201,7 +234,7 @@ class WebSocketConnection:
                 return
             if msg["type"] == "websocket.disconnect":
                 return
-            await handle(s, decode_client_frame(rubris, self._frame_bytes(msg)))
+            await handle(s, gateway.decode_client_frame(self._frame_bytes(msg)))
             if s.state is SessionState.CLOSED:
                 return
 
@@ -227,7 +260,7 @@ class WebSocketConnection:
 
     async def _close_socket(self, code: int, reason: str) -> None:
         self.closed = True
-        self.rubris.connections.discard(self)
+        self.transport.connections.discard(self)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ws.close(code, reason[:120]), 2.0)
 
@@ -239,7 +272,7 @@ class WebSocketConnection:
         bounded by timeouts: they reach a client that starts reading again, and nobody (the
         housekeeping, a shutdown) waits on one that never does.
         """
-        self.rubris.connections.discard(self)
+        self.transport.connections.discard(self)
         if self.closed:
             return  # already closing: its GOODBYE, if any, is on its way
         self.closed = True
@@ -253,13 +286,3 @@ class WebSocketConnection:
 
 async def _as_coroutine(aw: Awaitable[None]) -> None:
     await aw
-
-
-class WebSocketEndpoint:
-    """The ASGI app behind ``{mount}/ws`` (raw ASGI, so frames can use the raw ``send``)."""
-
-    def __init__(self, rubris: Rubris) -> None:
-        self.rubris = rubris
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await WebSocketConnection(self.rubris, scope, receive, send).run()

@@ -42,8 +42,14 @@ class Layer:
 def _rows(heading: str) -> list[list[str]]:
     text = DOC.read_text()
     section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("|")][2:]
-    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    lines = section.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []  # the section's first table: its header, the rule, then rows up to a non-row
+    for line in lines[first:]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in table[2:]]
 
 
 def _names(cell: str) -> frozenset[str]:
@@ -198,6 +204,7 @@ def test_import_rubris_asgi_loads_no_optional_extra() -> None:
 
 def test_the_map_names_the_browser_modules() -> None:
     text = DOC.read_text()
-    static = PACKAGE / "static" / "client"
-    for js in sorted(static.glob("*.js")) if static.is_dir() else []:
+    modules = sorted((PACKAGE / "static" / "client").glob("*.js"))
+    assert modules
+    for js in modules:
         assert f"`{js.name}`" in text, f"static/client/{js.name} is not in docs/architecture.md"

@@ -1,0 +1,439 @@
+// Subscriptions: subscribe() and unsubscribe, the WireSubscription several app Subscriptions
+// share, the server's answers (SUBSCRIBED, REJECTED, UNSUBSCRIBED, GAP), PUSH from arrival to the
+// listeners (snapshot conflation, queue topics ACKed or NACKed by the callback's outcome), and
+// the ACKs of private and queue topics. Methods of RubrisClient (installed by rubris-client.js).
+
+import { ErrorCode, Mode, encode, joinFrames } from "./codec.js";
+import { decodePayload, deflateRaw, encodeJson } from "./payloads.js";
+import { reportAppError, safeCall } from "./util.js";
+import { RubrisError, Subscription } from "./values.js";
+
+/** Params shorter than this are not worth deflating. */
+const COMPRESS_MIN = 64;
+
+/**
+ * One subscription on the wire. Several app Subscriptions to the same name and params share one,
+ * because the server gives a topic one number per session (§3) and cannot tell two subscribers of
+ * the same topic in one session apart.
+ */
+class WireSubscription {
+  constructor(key, name, params) {
+    this.key = key;
+    this.name = name;
+    this.params = params; // JSON bytes, or EMPTY
+    this.wireParams = params; // what SUBSCRIBE carries (maybe deflated)
+    this.wireCompressed = false;
+    this.paramsReady = null; // a Promise while the params are being deflated
+    this.state = "unsent"; // unsent → pending → active → closed
+    this.closing = false; // no listener left; unsubscribe once SUBSCRIBED names the topic
+    this.reqs = new Set(); // SUBSCRIBE req ids this subscription waits on
+    this.topic = null;
+    this.mode = 0;
+    this.codec = 0;
+    this.epoch = null;
+    this.info = null;
+    this.lastSeq = 0; // highest seq received (duplicate filter; `since` for ring recovery)
+    this.delivered = 0; // highest private seq the app has seen (what ACK reports)
+    this.acked = 0;
+    this.unacked = 0;
+    this.queueDone = []; // queue-topic seqs processed, not yet ACKed
+    this.incarnation = 0; // bumps when seq numbering restarts, so stale items cannot ACK
+    this.queued = null; // the snapshot item waiting in the inbound queue (conflation target)
+    this.last = null; // {value, meta}: the latest snapshot value, for listeners that join later
+    this.listeners = new Set();
+    this.joining = new Set(); // Subscriptions that have not seen onSubscribed yet
+  }
+
+  resetNumbering() {
+    this.lastSeq = 0;
+    this.delivered = 0;
+    this.acked = 0;
+    this.unacked = 0;
+    this.queueDone = [];
+    this.incarnation++;
+  }
+}
+
+export const subscriptionMethods = {
+  // ----- public API --------------------------------------------------------------------------
+
+  /**
+   * Subscribe to a topic. The subscription is kept across reconnects: after a resumed session it
+   * simply continues; after a new session it is made again (ring topics ask to replay from the
+   * last seq received, and `onSubscribed` reports whether that replay was complete).
+   *
+   * @param {string} name Topic name, e.g. "prices.AAPL".
+   * @param {(value: any, meta: {name: string, seq: number, compressed: boolean}) => any} callback
+   *   Called for every message, in order. The value is decoded by the topic's codec: JSON →
+   *   parsed value, bytes → Uint8Array, text → string. For queue topics the item is ACKed when
+   *   the callback returns (or its promise resolves) and given back (NACK) when it throws.
+   * @param {object} [opts]
+   * @param {any} [opts.params] JSON params for the server's subscribe handler.
+   * @param {(gap: {from: number, count: number}) => void} [opts.onGap] Messages lost for good.
+   * @param {(info: {mode: number, codec: number, epoch: number, head: number, recovered: boolean}) => void} [opts.onSubscribed]
+   *   Called at every SUBSCRIBED, including the re-subscribe after a new session.
+   * @param {(err: {code: number, reason: string}) => void} [opts.onError] The server refused.
+   * @param {(why: {code: number, reason: string}) => void} [opts.onUnsubscribed] The server
+   *   ended the subscription (code from §9).
+   * @returns {Subscription}
+   */
+  subscribe(name, callback, opts = {}) {
+    const sub = new Subscription(this, name, callback, opts);
+    if (this.state === "closed") {
+      sub._fail(new RubrisError("client is closed", ErrorCode.CLOSED));
+      return sub;
+    }
+    const params = encodeJson(opts.params);
+    const key = `${name}\u0000${opts.params === undefined ? "" : JSON.stringify(opts.params)}`;
+    let wire = this._wires.get(key);
+    if (!wire) {
+      wire = new WireSubscription(key, name, params);
+      this._wires.set(key, wire);
+      this._prepareParams(wire);
+      if (this._welcomed) this._sendSubscribe(wire);
+    } else if (wire.closing) {
+      wire.closing = false; // the app changed its mind before the server answered
+    }
+    sub._wire = wire;
+    wire.joining.add(sub);
+    if (wire.state === "active") {
+      // Join behind whatever is already queued, so the new listener starts at a clean point.
+      this._enqueue({ t: "fn", fn: () => this._join(wire, sub) });
+    }
+    return sub;
+  },
+
+  // ----- subscribing and letting go ----------------------------------------------------------
+
+  _unsubscribe(sub) {
+    if (sub.closed) return;
+    sub.closed = true;
+    sub._fail(new RubrisError("unsubscribed", ErrorCode.UNSUBSCRIBED));
+    const wire = sub._wire;
+    if (!wire) return;
+    wire.joining.delete(sub);
+    wire.listeners.delete(sub);
+    if (wire.joining.size || wire.listeners.size) return;
+    switch (wire.state) {
+      case "unsent":
+        wire.state = "closed";
+        this._wires.delete(wire.key);
+        break;
+      case "pending":
+        wire.closing = true; // UNSUBSCRIBE needs the topic number from SUBSCRIBED
+        break;
+      case "active":
+        if (wire.mode === Mode.PRIVATE || wire.mode === Mode.QUEUE) this._sendAck(wire);
+        wire.state = "closed";
+        this._wires.delete(wire.key);
+        this._byTopic.delete(wire.topic);
+        this._unsubscribeTopic(wire.topic);
+        break;
+      default:
+        break;
+    }
+  },
+
+  _prepareParams(wire) {
+    if (!this._opts.compressSubscribe || wire.params.length < COMPRESS_MIN
+      || typeof CompressionStream !== "function") return;
+    wire.paramsReady = deflateRaw(wire.params).then((packed) => {
+      // The server's own rule (§ compression): keep it only if it saves at least half.
+      if (packed.length * 2 <= wire.params.length) {
+        wire.wireParams = packed;
+        wire.wireCompressed = true;
+      }
+    }, () => {}).then(() => {
+      wire.paramsReady = null;
+      if (wire.state === "unsent" && this._wires.get(wire.key) === wire && this._welcomed) {
+        this._sendSubscribe(wire);
+      }
+    });
+  },
+
+  _sendSubscribe(wire) {
+    if (wire.paramsReady) return; // sent when the params are deflated
+    const req = this._nextReq++;
+    wire.reqs.add(req);
+    this._byReq.set(req, wire);
+    wire.state = "pending";
+    // Ring topics ask to replay what they missed (§5); the server checks the epoch.
+    const recover = wire.mode === Mode.RING && wire.epoch !== null && wire.lastSeq > 0;
+    const bytes = encode.subscribe(req, wire.name, recover ? wire.epoch : 0, recover ? wire.lastSeq : 0,
+      wire.wireParams, wire.wireCompressed);
+    this._write({ bytes, keep: "none" });
+  },
+
+  _unsubscribeTopic(topic) {
+    this._unsubPending.add(topic);
+    this._write({ bytes: encode.unsubscribe(topic), keep: "session" });
+  },
+
+  // ----- the server's answers ----------------------------------------------------------------
+
+  _onSubscribed(m) {
+    const wire = this._byReq.get(m.req);
+    if (!wire) return;
+    this._byReq.delete(m.req);
+    wire.reqs.delete(m.req);
+    const holder = this._byTopic.get(m.topic);
+    if (wire.state === "closed" || wire.closing) {
+      // The app let go before the answer came; give the topic back unless another live
+      // subscription of ours holds the same number.
+      if (!holder) this._unsubscribeTopic(m.topic);
+      if (wire.closing) {
+        wire.closing = false;
+        wire.state = "closed";
+        if (this._wires.get(wire.key) === wire) this._wires.delete(wire.key);
+      }
+      return;
+    }
+    if (wire.state === "active") {
+      // Second answer to a SUBSCRIBE repeated after a resume: already done.
+      if (m.topic !== wire.topic && !holder) this._unsubscribeTopic(m.topic);
+      return;
+    }
+    if (wire.epoch !== m.epoch) wire.resetNumbering(); // a new numbering: old seqs mean nothing
+    wire.state = "active";
+    wire.topic = m.topic;
+    wire.mode = m.mode;
+    wire.codec = m.codec;
+    wire.epoch = m.epoch;
+    wire.info = {
+      name: wire.name, mode: m.mode, codec: m.codec, epoch: m.epoch, head: m.head,
+      recovered: m.recovered === 1,
+    };
+    this._byTopic.set(m.topic, wire);
+    const info = wire.info;
+    this._enqueue({
+      t: "fn",
+      fn: () => {
+        for (const sub of [...wire.listeners]) safeCall(sub._opts.onSubscribed, info);
+        for (const sub of [...wire.joining]) this._join(wire, sub, info);
+      },
+    });
+  },
+
+  /** Make `sub` a listener of `wire` (runs in delivery order). */
+  _join(wire, sub, info = wire.info) {
+    if (!wire.joining.delete(sub) || sub.closed) return;
+    wire.listeners.add(sub);
+    sub.info = info;
+    sub._resolve(info);
+    safeCall(sub._opts.onSubscribed, info);
+    if (wire.mode === Mode.SNAPSHOT && wire.last) {
+      // A later listener of a shared snapshot gets the current value, as a new subscriber would.
+      safeCall(sub._callback, wire.last.value, wire.last.meta);
+    }
+  },
+
+  _onRejected(m) {
+    const wire = this._byReq.get(m.req);
+    if (!wire) return;
+    this._byReq.delete(m.req);
+    wire.reqs.delete(m.req);
+    if (wire.state === "active" || wire.reqs.size > 0) return; // another request got through
+    wire.state = "closed";
+    if (this._wires.get(wire.key) === wire) this._wires.delete(wire.key);
+    const err = new RubrisError(m.reason || `subscription refused (code ${m.code})`, m.code);
+    this._enqueue({
+      t: "fn",
+      fn: () => {
+        for (const sub of [...wire.joining, ...wire.listeners]) {
+          sub.closed = true;
+          sub._fail(err);
+          safeCall(sub._opts.onError, { code: m.code, reason: m.reason });
+        }
+        wire.joining.clear();
+        wire.listeners.clear();
+      },
+    });
+  },
+
+  _onUnsubscribed(m) {
+    if (m.code === 0 && this._unsubPending.delete(m.topic)) return; // the answer to our request
+    const wire = this._byTopic.get(m.topic);
+    if (!wire) return;
+    this._byTopic.delete(m.topic);
+    wire.state = "closed";
+    if (this._wires.get(wire.key) === wire) this._wires.delete(wire.key);
+    this._enqueue({
+      t: "fn",
+      fn: () => {
+        for (const sub of [...wire.joining, ...wire.listeners]) {
+          sub.closed = true;
+          sub._fail(new RubrisError(m.reason || `unsubscribed by the server (code ${m.code})`, m.code));
+          safeCall(sub._opts.onUnsubscribed, { code: m.code, reason: m.reason });
+        }
+        wire.joining.clear();
+        wire.listeners.clear();
+      },
+    });
+  },
+
+  _onGap(m) {
+    const wire = this._byTopic.get(m.topic);
+    if (!wire) return;
+    const end = m.from + m.count - 1;
+    // Lost for good; asking to replay them after a reconnect would only produce the same GAP.
+    if (end > wire.lastSeq) wire.lastSeq = end;
+    this._counters.gaps++;
+    const gap = { from: m.from, count: m.count };
+    this._enqueue({
+      t: "fn",
+      fn: () => {
+        this._emit("gap", { name: wire.name, ...gap });
+        for (const sub of [...wire.listeners]) safeCall(sub._opts.onGap, gap);
+      },
+    });
+  },
+
+  // ----- messages ----------------------------------------------------------------------------
+
+  _onPush(m) {
+    const wire = this._byTopic.get(m.topic);
+    if (!wire) return; // unsubscribed meanwhile: the server may still have had some in flight
+    if (wire.mode === Mode.RING || wire.mode === Mode.PRIVATE) {
+      // A resumed session replays what was unacknowledged; we may already hold it.
+      if (m.seq <= wire.lastSeq) return;
+    }
+    if (m.seq > wire.lastSeq) wire.lastSeq = m.seq;
+    const inflating = m.compressed ? this._inflate(m.payload) : null;
+    if (wire.mode === Mode.SNAPSHOT && wire.queued) {
+      // Conflate: a snapshot subscriber wants the latest value, not every value. The waiting
+      // item keeps its place in the queue and takes the newer content.
+      Object.assign(wire.queued, { seq: m.seq, payload: m.payload, compressed: m.compressed, inflating });
+      return;
+    }
+    const item = {
+      t: "push", wire, incarnation: wire.incarnation,
+      seq: m.seq, payload: m.payload, compressed: m.compressed, inflating,
+    };
+    if (wire.mode === Mode.SNAPSHOT) wire.queued = item;
+    this._enqueue(item);
+  },
+
+  /** Deliver one PUSH item to the listeners of its topic; called by `_deliver` (flow.js). */
+  _deliverPush(item, payload, failure) {
+    const wire = item.wire;
+    if (failure) {
+      this._emit("error", { code: ErrorCode.PROTOCOL, message: `${wire.name}: cannot inflate message ${item.seq}: ${failure.message}` });
+    } else {
+      let value;
+      let ok = true;
+      try {
+        value = decodePayload(wire.codec, payload);
+      } catch (err) {
+        ok = false;
+        this._emit("error", { code: ErrorCode.PROTOCOL, message: `${wire.name}: message ${item.seq} does not decode: ${err.message}` });
+      }
+      if (ok) {
+        const meta = { name: wire.name, seq: item.seq, compressed: item.compressed };
+        if (wire.mode === Mode.SNAPSHOT) wire.last = { value, meta };
+        if (wire.mode === Mode.QUEUE) {
+          this._deliverQueueItem(wire, item, value, meta);
+          return null;
+        }
+        for (const sub of wire.listeners.size === 1 ? wire.listeners : [...wire.listeners]) {
+          if (!sub.closed) safeCall(sub._callback, value, meta);
+        }
+      }
+    }
+    if (wire.mode === Mode.PRIVATE) this._noteDelivered(wire, item);
+    return null;
+  },
+
+  _deliverQueueItem(wire, item, value, meta) {
+    const incarnation = item.incarnation;
+    const done = (ok) => {
+      if (wire.incarnation !== incarnation || wire.state !== "active") return; // item is gone
+      if (ok) {
+        wire.queueDone.push(item.seq);
+        this._noteAckable(wire, wire.queueDone.length);
+      } else {
+        this._write({ bytes: encode.nack(wire.topic, item.seq, true), keep: "session" });
+      }
+    };
+    const results = [];
+    let threw = false;
+    for (const sub of [...wire.listeners]) {
+      if (sub.closed) continue;
+      try {
+        results.push(sub._callback(value, meta));
+      } catch (err) {
+        threw = true;
+        reportAppError(err);
+      }
+    }
+    if (threw) {
+      done(false);
+    } else if (results.some((r) => r && typeof r.then === "function")) {
+      Promise.all(results).then(() => done(true), (err) => {
+        reportAppError(err);
+        done(false);
+      });
+    } else {
+      done(true);
+    }
+  },
+
+  // ----- ACKs of private and queue topics ----------------------------------------------------
+
+  /**
+   * Private topics are ACKed by what the app has been given, not by what arrived: the server
+   * keeps unacknowledged messages against the topic's queue capacity, so a slow page pushes back
+   * on the publisher instead of piling up here.
+   */
+  _noteDelivered(wire, item) {
+    if (item.incarnation !== wire.incarnation) return; // from a session that no longer exists
+    if (item.seq > wire.delivered) wire.delivered = item.seq;
+    wire.unacked++;
+    this._noteAckable(wire, wire.unacked);
+  },
+
+  _noteAckable(wire, count) {
+    this._ackDirty.add(wire);
+    if (count >= this._opts.ackEvery) {
+      this._sendAck(wire);
+    } else if (!this._ackTimer) {
+      this._ackTimer = setTimeout(() => {
+        this._ackTimer = null;
+        this._flushAcks(false);
+      }, this._opts.ackMs);
+    }
+  },
+
+  _ackMessages(wire) {
+    const out = [];
+    if (wire.state !== "active") return out;
+    if (wire.mode === Mode.PRIVATE && wire.delivered > wire.acked) {
+      out.push(encode.ackPrivate(wire.topic, wire.delivered));
+      wire.acked = wire.delivered;
+      wire.unacked = 0;
+    } else if (wire.mode === Mode.QUEUE && wire.queueDone.length) {
+      out.push(encode.ackQueue(wire.topic, wire.queueDone));
+      wire.queueDone = [];
+    }
+    return out;
+  },
+
+  _sendAck(wire) {
+    if (!this._welcomed) return; // stays dirty; sent after a resume, dropped by a new session
+    this._ackDirty.delete(wire);
+    for (const bytes of this._ackMessages(wire)) this._write({ bytes, keep: "none" });
+  },
+
+  /** Send every pending ACK; `urgent` bypasses batching because the page may be going away. */
+  _flushAcks(urgent) {
+    if (!this._welcomed || !this._conn) return;
+    const dirty = [...this._ackDirty];
+    this._ackDirty.clear();
+    if (!urgent) {
+      for (const wire of dirty) this._sendAck(wire);
+      return;
+    }
+    const parts = [];
+    for (const wire of dirty) parts.push(...this._ackMessages(wire));
+    if (parts.length) this._conn.sendUrgent(joinFrames(parts));
+  },
+};

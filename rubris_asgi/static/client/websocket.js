@@ -1,0 +1,79 @@
+// The WebSocket transport: one connection of the client, binary frames both ways, subprotocol
+// rubris.v1. Long-poll (longpoll.js) stands in for it where WebSockets do not get through; the
+// two share the small interface described below, which is all the client sees of a transport.
+//
+// Both have the same shape: start(helloFrame), send(frame), sendUrgent(frame), close(), backlog,
+// kind. They report to the client through _onFrame(conn, bytes), _onConnLost(conn, info) and
+// (long-poll only) _onConnStalled(conn, stalled). A transport never reconnects by itself beyond
+// what its own contract asks (long-poll retries a lost poll with the same ack, §7); deciding
+// what comes next is the client's job.
+
+import { SUBPROTOCOL } from "./codec.js";
+
+export class WebSocketConnection {
+  constructor(client, url) {
+    this.client = client;
+    this.url = url;
+    this.kind = "websocket";
+    this.ws = null;
+    this.dead = false;
+  }
+
+  start(hello) {
+    let ws;
+    try {
+      ws = new this.client._opts.WebSocket(this.url, SUBPROTOCOL);
+    } catch (err) {
+      // e.g. a blocked port or a bad URL: report asynchronously, like a failed connection.
+      queueMicrotask(() => this._lost({ reason: `cannot open WebSocket: ${err.message}` }));
+      return;
+    }
+    this.ws = ws;
+    ws.binaryType = "arraybuffer";
+    ws.onopen = () => {
+      if (!this.dead) ws.send(hello);
+    };
+    ws.onmessage = (ev) => {
+      if (this.dead) return;
+      if (typeof ev.data === "string") {
+        this.client._protocolError(this, "text WebSocket message (rubris is binary only)");
+        return;
+      }
+      this.client._onFrame(this, new Uint8Array(ev.data));
+    };
+    // An error is always followed by close, which carries the code; nothing to do here.
+    ws.onerror = () => {};
+    ws.onclose = (ev) => this._lost({ closeCode: ev.code, reason: ev.reason || `WebSocket closed (${ev.code})` });
+  }
+
+  get backlog() {
+    return this.ws ? this.ws.bufferedAmount : 0;
+  }
+
+  send(frame) {
+    if (!this.dead && this.ws && this.ws.readyState === 1) this.ws.send(frame);
+  }
+
+  sendUrgent(frame) {
+    this.send(frame);
+  }
+
+  close(code = 1000, reason = "") {
+    if (this.dead) return;
+    this.dead = true;
+    const ws = this.ws;
+    if (!ws) return;
+    ws.onopen = ws.onmessage = ws.onclose = null;
+    try {
+      ws.close(code, reason.slice(0, 60)); // a close reason is limited to 123 UTF-8 bytes
+    } catch {
+      // already closing
+    }
+  }
+
+  _lost(info) {
+    if (this.dead) return;
+    this.close();
+    this.client._onConnLost(this, info);
+  }
+}

@@ -789,3 +789,34 @@ def test_slow_handler_sends_nak(demo: Demo) -> None:
     )
     demo.page.evaluate("() => window.slowClient.close()")
     demo.assert_clean()
+
+
+@pytest.mark.browser
+def test_close_reasons_fit_a_close_frame(demo: Demo) -> None:
+    """A close reason is cut to 123 UTF-8 bytes at a character boundary; a longer one would make
+    WebSocket.close throw and leave the socket open."""
+    demo.open("/")
+    cut = demo.page.evaluate(
+        r"""async () => {
+            const { closeReason } = await import('/rubris/client/websocket.js');
+            const reasons = ['ok', 'x'.repeat(200), '\u00e9'.repeat(100), '\u6f22'.repeat(60),
+                             '\u{1F600}'.repeat(40), 'a' + '\u6f22'.repeat(41)];
+            const out = [];
+            for (const r of reasons) {
+                const c = closeReason(r);
+                const ws = new WebSocket(location.origin.replace('http', 'ws') + '/rubris/ws');
+                let closed = true;
+                try { ws.close(1000, c); } catch { closed = false; }
+                out.push([r, c, new TextEncoder().encode(c).length, closed]);
+            }
+            return out;
+        }"""
+    )
+    for reason, short, nbytes, closed in cut:
+        assert closed, short  # WebSocket.close accepted it
+        assert nbytes == len(short.encode()) <= 123 and reason.startswith(short)
+        if len(reason.encode()) <= 123:
+            assert short == reason
+        else:  # cut as late as it can be: the next character would not have fitted
+            assert 123 - nbytes < len(reason[len(short)].encode())
+    demo.assert_clean()

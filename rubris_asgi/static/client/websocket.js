@@ -10,6 +10,21 @@
 
 import { SUBPROTOCOL } from "./codec.js";
 
+const CLOSE_REASON_BYTES = 123; // RFC 6455: the close frame's reason is at most 123 UTF-8 bytes
+
+/** `reason` cut at a character boundary so that its UTF-8 form fits a close frame. */
+export function closeReason(reason) {
+  let bytes = 0;
+  let end = 0;
+  for (const ch of reason) {
+    const cp = ch.codePointAt(0);
+    bytes += cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    if (bytes > CLOSE_REASON_BYTES) break;
+    end += ch.length;
+  }
+  return reason.slice(0, end);
+}
+
 export class WebSocketConnection {
   constructor(client, url) {
     this.client = client;
@@ -65,7 +80,7 @@ export class WebSocketConnection {
     if (!ws) return;
     ws.onopen = ws.onmessage = ws.onclose = null;
     try {
-      ws.close(code, reason.slice(0, 60)); // a close reason is limited to 123 UTF-8 bytes
+      ws.close(code, closeReason(reason));
     } catch {
       // already closing
     }

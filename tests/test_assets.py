@@ -50,6 +50,17 @@ async def test_head_gives_the_length_without_the_body(http: httpx.AsyncClient) -
     assert int(r.headers["content-length"]) == len((STATIC / "client.js").read_bytes())
 
 
+def imports(source: str) -> list[str]:
+    """The relative specifiers of a module's static imports and re-exports."""
+    found = re.findall(r"""(?:import|export)\s[^;'"]*?from\s+["'](\.[^"']+)["']""", source)
+    return found + re.findall(r"""^import\s+["'](\.[^"']+)["']""", source, re.MULTILINE)
+
+
+def test_client_js_names_every_module_so_a_page_loads_them_in_one_round_trip() -> None:
+    direct = {spec.removeprefix("./") for spec in imports((STATIC / "client.js").read_text())}
+    assert direct == set(Assets().files) - {"client.js"}
+
+
 async def test_every_module_client_js_imports_is_served(http: httpx.AsyncClient) -> None:
     """Follow the relative imports from client.js: each must resolve to a served module."""
     seen: set[str] = set()
@@ -64,7 +75,7 @@ async def test_every_module_client_js_imports_is_served(http: httpx.AsyncClient)
         assert r.status_code == 200, url
         assert r.headers["cache-control"] == "no-cache"
         base = name.rsplit("/", 1)[0] + "/" if "/" in name else ""
-        for spec in re.findall(r"""(?:import|export)[^;'"]*?from\s+["'](\.[^"']+)["']""", r.text):
+        for spec in imports(r.text):
             parts = (base + spec).split("/")
             resolved: list[str] = []
             for part in parts:

@@ -2,7 +2,7 @@
 
 The WebSocket fake is a ``websockets`` server on a free port that answers HELLO with WELCOME
 (resuming when the token matches) and hands each connection to the test, which reads the client's
-messages and writes server frames built with protocol.py. The long-poll fake is an
+messages and writes server frames built with rubris_asgi.protocol. The long-poll fake is an
 ``httpx.MockTransport`` handler that numbers frames, re-sends frame ack+1 and can lose a
 response, answer 204, or forget the session.
 """

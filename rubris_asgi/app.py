@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route, Router, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
+from .api import AuthorizeApi, HttpApi
 from .assets import Assets
 from .buffers import PoolStats
 from .channels import _UNSET, Registry
@@ -30,6 +31,7 @@ from .config import Config
 from .dispatch import Dispatcher
 from .engine import Engine
 from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
+from .intake import IntakeStats
 from .protocol import Codec
 from .scheduler import CycleStats
 from .session import Session, SessionState
@@ -52,6 +54,7 @@ class Stats:
     cycle: CycleStats
     pool: PoolStats
     compression: CompressionStats
+    intake: IntakeStats
 
 
 class Rubris:
@@ -68,6 +71,11 @@ class Rubris:
             is refused by default.
         compressor / decompressor: replace raw deflate (level 1) with your own.
         clock: a monotonic clock; tests inject a fake one.
+        api_token: turns on the HTTP API (``{mount}/api/...``) for requests that carry
+            ``Authorization: Bearer <api_token>``; others get 401.
+        authorize_api: ``f(request, topic) -> bool`` (may be async; ``Reject`` refuses with its
+            reason): turns on the HTTP API and decides per topic (403 when it says no). With
+            neither, the API's paths do not exist.
     """
 
     def __init__(
@@ -80,6 +88,8 @@ class Rubris:
         compressor: Compressor | None = None,
         decompressor: Decompressor | None = None,
         clock: Callable[[], float] | None = None,
+        api_token: str | None = None,
+        authorize_api: AuthorizeApi | None = None,
     ) -> None:
         config = config or Config()
         if compress_at is not _UNSET:
@@ -102,6 +112,9 @@ class Rubris:
         self._wake: asyncio.Event | None = None
         self.started = False
         self.draining = False
+        self.api = HttpApi(
+            self.engine, self.registry, config, token=api_token, authorize=authorize_api
+        )
         self.assets = Assets()
         self.router = Router(
             routes=[
@@ -111,6 +124,7 @@ class Rubris:
                 Route("/lp/{session}", self.longpoll.post_frame, methods=["POST"]),
                 Route("/client.js", self._client_js, methods=["GET", "HEAD"]),
                 Route("/client/{name:path}", self._client_module, methods=["GET", "HEAD"]),
+                *self.api.routes(),
             ]
         )
 
@@ -169,9 +183,7 @@ class Rubris:
             if found is None or not found[0].shared:
                 raise ProtocolError(f"no shared channel matches {name!r}", ErrorCode.UNKNOWN)
             ch = found[0]
-            t = self.engine.topic(
-                name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at
-            )
+            t = self.engine.topic_of(name, ch)
         return self.engine.publish(t, value)
 
     def send_nowait(self, session: Session, name: str, value: Any) -> int:
@@ -221,6 +233,7 @@ class Rubris:
             cycle=replace(e.scheduler.stats),
             pool=replace(e.pool.stats),
             compression=replace(e.compression.stats),
+            intake=e.intake.snapshot(),
         )
 
     def _session_ended(self, s: Session) -> None:
@@ -301,6 +314,7 @@ class Rubris:
         self._wake = asyncio.Event()
         self.engine.scheduler.wake = self._wake.set
         self.draining = False
+        self.api.accepting = True
         self._tasks = [
             loop.create_task(self._run_scheduler(), name="rubris-scheduler"),
             loop.create_task(self._housekeeping(), name="rubris-housekeeping"),
@@ -318,6 +332,7 @@ class Rubris:
         if self.draining or not self.started:
             return
         self.draining = True
+        self.api.accepting = False
         engine = self.engine
         for s in list(engine.sessions.values()):
             engine.close_session(s, ErrorCode.SHUTTING_DOWN, "server shutting down")

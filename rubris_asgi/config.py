@@ -43,6 +43,12 @@ class Limits:
     """Shared topics alive at once; publishing a new topic past it raises ``ProtocolError`` 6."""
     max_direct_queue: int = 10_000
     """Direct messages (RESULT, SUBSCRIBED, GAP, ...) waiting for one session: GOODBYE 7."""
+    intake_messages: int = 100_000
+    """Messages from outside (HTTP API, PUBLISH) waiting for the cycle: 429 / REJECTED 6."""
+    intake_bytes: int = 64 * 1024 * 1024
+    """Payload bytes of those messages: 429 / REJECTED 6, as for the count."""
+    api_body: int = 16 * 1024 * 1024
+    """Largest HTTP API request body: 413."""
 
     def __post_init__(self) -> None:
         _check_positive(self)

@@ -25,6 +25,7 @@ from .flow import on_nak
 from .protocol import (
     Ack,
     Call,
+    Codec,
     Kind,
     Message,
     Nack,
@@ -142,9 +143,7 @@ class Dispatcher:
             return
         try:
             if ch.shared:
-                t = e.topic(
-                    m.name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at
-                )
+                t = e.topic_of(m.name, ch)
                 if initial is not None and t.seq == 0:
                     e.publish(t, initial)
                 e.subscribe(s, t, m.req, m.epoch, m.since)
@@ -162,6 +161,7 @@ class Dispatcher:
             e.reject(s, m.req, exc.code, str(exc))
 
     async def _publish(self, s: Session, m: Publish) -> None:
+        """PUBLISH: into the intake (all or nothing), REJECTED when refused."""
         e = self.engine
         found = self.registry.match(m.name) if self._name_ok(m.name) else None
         if found is None or not found[0].client_publish:
@@ -169,11 +169,17 @@ class Dispatcher:
             return
         ch = found[0]
         try:
-            value = self._payload(m.payload, m.compressed)
-            t = e.topic(m.name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at)
-            e.publish(t, value)
+            payload = m.payload
+            if m.compressed:
+                payload = inflate(payload, self.config.limits.max_inflated, self.decompressor)
+            payload = _checked_payload(ch.codec, payload)
+            e.check_payload(len(payload))
+            t = e.topic_of(m.name, ch)
         except (ProtocolError, MessageTooLarge) as exc:
             e.reject(s, m.req, exc.code, str(exc))
+            return
+        if not e.offer([(t, payload)], s):
+            e.reject(s, m.req, ErrorCode.TOO_MANY, f"ingest full ({e.intake.fill} %)")
 
     def _call(self, s: Session, m: Call) -> None:
         if not self._name_ok(m.method):
@@ -267,3 +273,21 @@ class Dispatcher:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _checked_payload(codec: int, payload: bytes) -> bytes:
+    """A client's PUBLISH payload as its topic stores it; ``ProtocolError`` if it does not fit
+    the topic's codec. An empty JSON payload is ``null``."""
+    if codec == Codec.JSON:
+        if not payload:
+            return b"null"
+        try:
+            orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            raise ProtocolError(f"payload is not valid JSON: {exc}", ErrorCode.PROTOCOL) from None
+    elif codec == Codec.TEXT:
+        try:
+            payload.decode()
+        except UnicodeDecodeError:
+            raise ProtocolError("payload is not valid UTF-8", ErrorCode.PROTOCOL) from None
+    return payload

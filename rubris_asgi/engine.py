@@ -18,10 +18,12 @@ from typing import Any
 import orjson
 
 from .buffers import FrameBuffer, WriterPool
+from .channels import Channel
 from .compression import Compression, Compressor
 from .config import Config
 from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
-from .protocol import Codec, Goodbye, Mode, Rejected, Subscribed, Unsubscribed, encode
+from .intake import Intake
+from .protocol import Codec, Flow, Goodbye, Mode, Rejected, Subscribed, Unsubscribed, encode
 from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
 from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
@@ -66,6 +68,16 @@ class Engine:
         self.scheduler = Scheduler(self.pool, clock, self.config.flow)
         self.topics: dict[str, SharedTopic] = {}
         self.sessions: dict[str, Session] = {}
+        limits = self.config.limits
+        self.intake = Intake(
+            limits.intake_messages,
+            limits.intake_bytes,
+            publish=self.publish,
+            wake=self.scheduler.intake_pending,
+            flow=self._send_flow,
+            clock=clock,
+        )
+        self.scheduler.intake = self.intake
         self._numbers = itertools.count(1)
         self.on_session_end: Callable[[Session], None] | None = None
 
@@ -180,6 +192,13 @@ class Engine:
         s.direct.append(msg)
         self.scheduler.client_pending(s)
 
+    def _send_flow(self, fill: int, publishers: list[Any]) -> None:
+        """FLOW(fill) to the sessions that published through the intake lately."""
+        msg = encode(Flow(fill))
+        for s in publishers:
+            if isinstance(s, Session) and s.state is SessionState.CONNECTED:
+                self.direct(s, msg)
+
     # shared topics
 
     def topic(
@@ -210,6 +229,13 @@ class Engine:
         self.topics[name] = t
         return t
 
+    def topic_of(self, name: str, ch: Channel) -> SharedTopic:
+        """The shared topic ``name`` of channel ``ch``, created with the channel's settings."""
+        t = self.topics.get(name)
+        if t is not None:
+            return t
+        return self.topic(name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at)
+
     def publish(self, t: SharedTopic, value: Any) -> int:
         """Publish to a shared topic: encode and compress once, O(1); returns the seq.
 
@@ -221,6 +247,25 @@ class Engine:
         # that keeps a message that passes here from being refused when it is written
         self.pool.check_size(len(data) + 32)
         return t.publish(data, compressed)
+
+    def check_payload(self, size: int) -> None:
+        """Raise ``MessageTooLarge`` for a payload of ``size`` bytes no frame could carry."""
+        self.pool.check_size(size + 32)  # the PUSH header, as in publish()
+
+    def offer(
+        self, entries: list[tuple[SharedTopic, bytes]], publisher: Session | None = None
+    ) -> bool:
+        """Hand encoded payloads from outside the process to the intake, all of them or none.
+
+        Returns False (nothing taken) when they do not fit: the intake is full. ``publisher``
+        is the session that published, to be told the fill with FLOW.
+        """
+        intake = self.intake
+        if not intake.room(len(entries), sum(len(p) for _, p in entries)):
+            intake.refused(len(entries))
+            return False
+        intake.put_all(entries, publisher)
+        return True
 
     def subscribe(self, s: Session, t: SharedTopic, req: int, epoch: int, since: int) -> Sub:
         """Subscribe ``s`` to ``t``: SUBSCRIBED now, then the snapshot or the ring replay.

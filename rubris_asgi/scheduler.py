@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from .buffers import FrameBuffer, SizeClass, WriterPool
 from .config import FlowConfig
 from .flow import current_interval
+from .intake import Intake
 from .protocol import Gap, encode
 from .session import Session, SessionState
 from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
@@ -76,6 +77,8 @@ class Scheduler:
         self.wake: Callable[[], None] = _noop
         """Set by the async runner: called when work arrives while it sleeps."""
         self.idle = False
+        self.intake: Intake | None = None
+        """Publishes from outside the process, drained at the start of each cycle."""
 
     # notifications (O(1), coalesced)
 
@@ -93,6 +96,11 @@ class Scheduler:
                 self.idle = False
                 self.wake()
 
+    def intake_pending(self) -> None:
+        if self.idle:
+            self.idle = False
+            self.wake()
+
     def hold(self, s: Session, until: float) -> None:
         """Keep ``s`` out of the cycles until ``until`` (penalty, NAK pacing)."""
         if until > s.hold_until:
@@ -102,7 +110,7 @@ class Scheduler:
             heapq.heappush(self.timers, (s.hold_until, next(self._tie), s))
 
     def has_work(self) -> bool:
-        return bool(self.dirty or self.clients)
+        return bool(self.dirty or self.clients or (self.intake and self.intake.count))
 
     def next_timer(self) -> float | None:
         return self.timers[0][0] if self.timers else None
@@ -114,6 +122,9 @@ class Scheduler:
         now = self.clock()
         stats = self.stats
         stats.cycles += 1
+        intake = self.intake
+        if intake is not None and intake.count:
+            intake.drain()  # publishes here mark their topics dirty for this very cycle
         clients = self.clients
 
         dirty = self.dirty

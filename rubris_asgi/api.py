@@ -1,0 +1,245 @@
+"""The HTTP API for publishers outside the process (protocol.md section 8b).
+
+``POST {mount}/api/publish`` takes one entry ``{"topic": name, "data": value}`` or a list of
+them as JSON, or one entry a line as NDJSON, and hands them to the intake. A request is all or
+nothing: every entry is checked (shape, topic, codec, size, authorisation) before any is taken,
+and the intake takes the whole request or answers 429. Every answer, errors included, carries
+``Rubris-Fill``, the intake's fill, which publishers pace themselves by (ratelimit.py).
+
+The API is off unless the application configures who may use it: a bearer token
+(``Rubris(api_token=...)``: 401 without it), an authorisation hook
+(``Rubris(authorize_api=f)``, ``f(request, topic) -> bool``, may be async, asked once per topic
+of a request: 403 when it says no or raises ``Reject``), or both (the token first).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from .channels import Channel, Registry
+from .config import Config
+from .engine import Engine
+from .errors import MessageTooLarge, ProtocolError, Reject
+from .protocol import Codec
+
+AuthorizeApi = Callable[[Request, str], "bool | Awaitable[bool]"]
+
+FILL_HEADER = "Rubris-Fill"
+RETRY_AFTER = 1
+"""Seconds a 429 asks a publisher to wait: about how long the cycle needs to make room."""
+
+_JSON = "application/json"
+_NDJSON = "application/x-ndjson"
+_PUBLISH_KEYS = frozenset({"topic", "data", "data_b64"})
+
+
+class _Refusal(Exception):
+    """One answer other than 200: its status, reason and the index of the entry at fault."""
+
+    def __init__(self, status: int, error: str, index: int | None = None) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.index = index
+
+
+class HttpApi:
+    """The routes under ``{mount}/api`` and the checks in front of the intake."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: Registry,
+        config: Config,
+        *,
+        token: str | None = None,
+        authorize: AuthorizeApi | None = None,
+    ) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.config = config
+        self._token = token.encode() if token is not None else None
+        self._authorize = authorize
+        self.accepting = True
+        """False from the start of a graceful shutdown: requests get 503."""
+
+    @property
+    def enabled(self) -> bool:
+        return self._token is not None or self._authorize is not None
+
+    def routes(self) -> list[BaseRoute]:
+        if not self.enabled:
+            return []  # off: the paths do not exist (404)
+        return [Route("/api/publish", self.publish, methods=["POST"])]
+
+    # the endpoint
+
+    async def publish(self, request: Request) -> Response:
+        """POST {mount}/api/publish."""
+        try:
+            if not self.accepting:
+                raise _Refusal(503, "server shutting down")
+            self._check_token(request)
+            body = await self._body(request)
+            entries = self._parse(request.headers.get("content-type", ""), body)
+            staged = [self._stage(index, entry) for index, entry in entries]
+            await self._check_authorised(request, staged)
+            engine = self.engine
+            items = [(engine.topic_of(name, ch), payload) for _i, name, ch, payload in staged]
+        except _Refusal as r:
+            return self._refusal(r)
+        except ProtocolError as exc:  # too many topics on this server
+            return self._refusal(_Refusal(503, str(exc)))
+        if not engine.offer(items):
+            return self._answer(
+                {"error": f"the intake cannot take {len(items)} messages now"},
+                429,
+                {"Retry-After": str(RETRY_AFTER)},
+            )
+        return self._answer({"accepted": len(items), "duplicates": 0})
+
+    # checks, in the order a request meets them
+
+    def _check_token(self, request: Request) -> None:
+        if self._token is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), self._token):
+            raise _Refusal(401, "a valid bearer token is required")
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.config.limits.api_body
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _Refusal(413, f"the body is over the limit of {limit} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise _Refusal(413, f"the body is over the limit of {limit} bytes")
+        return bytes(body)
+
+    @staticmethod
+    def _parse(content_type: str, body: bytes) -> list[tuple[int, Any]]:
+        """The entries with their indexes: list positions, or NDJSON line numbers."""
+        kind = content_type.partition(";")[0].strip().lower()
+        if kind == _NDJSON:
+            entries: list[tuple[int, Any]] = []
+            for i, line in enumerate(body.split(b"\n")):
+                if line.strip():
+                    try:
+                        entries.append((i, orjson.loads(line)))
+                    except orjson.JSONDecodeError as exc:
+                        raise _Refusal(400, f"line {i} is not JSON: {exc}", i) from None
+            if not entries:
+                raise _Refusal(400, "the body holds no entries")
+            return entries
+        if kind != _JSON:
+            raise _Refusal(415, f"the body must be {_JSON} or {_NDJSON}, not {kind or 'untyped'}")
+        try:
+            value = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise _Refusal(400, f"the body is not JSON: {exc}") from None
+        if isinstance(value, dict):
+            return [(0, value)]
+        if isinstance(value, list) and value:
+            return list(enumerate(value))
+        raise _Refusal(400, "the body must be an entry or a non-empty list of entries")
+
+    def _stage(self, index: int, entry: Any) -> tuple[int, str, Channel, bytes]:
+        """One entry checked and encoded: (index, topic, channel, payload)."""
+        if not isinstance(entry, dict):
+            raise _Refusal(400, f"an entry must be an object, got {_json_type(entry)}", index)
+        extra = entry.keys() - _PUBLISH_KEYS
+        if extra:
+            raise _Refusal(400, f"unknown field {sorted(extra)[0]!r}", index)
+        name = entry.get("topic")
+        if not isinstance(name, str) or not name:
+            raise _Refusal(400, "topic must be a non-empty string", index)
+        if len(name.encode()) > self.config.limits.max_topic_name:
+            raise _Refusal(400, "topic name too long", index)
+        found = self.registry.match(name)
+        if found is None or not found[0].shared:
+            raise _Refusal(404, f"no shared channel offers the topic {name!r}", index)
+        ch = found[0]
+        payload = _payload(ch.codec, entry, index)
+        try:
+            self.engine.check_payload(len(payload))
+        except MessageTooLarge as exc:
+            raise _Refusal(400, str(exc), index) from None
+        return index, name, ch, payload
+
+    async def _check_authorised(
+        self, request: Request, staged: list[tuple[int, str, Channel, bytes]]
+    ) -> None:
+        authorize = self._authorize
+        if authorize is None:
+            return
+        asked: set[str] = set()
+        for index, name, _ch, _payload in staged:
+            if name in asked:
+                continue
+            asked.add(name)
+            try:
+                allowed = authorize(request, name)
+                if inspect.isawaitable(allowed):
+                    allowed = await allowed
+            except Reject as r:
+                raise _Refusal(403, r.reason, index) from None
+            if not allowed:
+                raise _Refusal(403, f"not allowed to publish to {name!r}", index)
+
+    # answers
+
+    def _answer(
+        self, body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+    ) -> Response:
+        fill = self.engine.intake.fill
+        body["fill"] = fill
+        all_headers = {FILL_HEADER: str(fill), **(headers or {})}
+        return Response(orjson.dumps(body), status, all_headers, media_type=_JSON)
+
+    def _refusal(self, r: _Refusal) -> Response:
+        body: dict[str, Any] = {"error": r.error, "index": r.index}
+        headers = {"WWW-Authenticate": "Bearer"} if r.status == 401 else None
+        return self._answer(body, r.status, headers)
+
+
+def _payload(codec: int, entry: dict[str, Any], index: int) -> bytes:
+    """The bytes a topic of ``codec`` stores for ``entry`` (protocol.md section 8b)."""
+    if codec == Codec.BYTES:
+        if "data" in entry or not isinstance(entry.get("data_b64"), str):
+            raise _Refusal(400, "a bytes topic takes data_b64, a base64 string", index)
+        try:
+            return base64.b64decode(entry["data_b64"], validate=True)
+        except (binascii.Error, ValueError):
+            raise _Refusal(400, "data_b64 is not valid base64", index) from None
+    if "data_b64" in entry:
+        raise _Refusal(400, "data_b64 is only for bytes topics; use data", index)
+    if "data" not in entry:
+        raise _Refusal(400, "the entry has no data", index)
+    data = entry["data"]
+    if codec == Codec.TEXT:
+        if not isinstance(data, str):
+            raise _Refusal(400, f"a text topic takes a string, got {_json_type(data)}", index)
+        return data.encode()
+    return orjson.dumps(data)
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return "a number"
+    return names.get(type(value), type(value).__name__)

@@ -1,0 +1,192 @@
+"""The intake: publishes from outside the process, bounded, drained by the cycle.
+
+Messages that arrive from other programs (the HTTP API, a client's PUBLISH) do not go straight
+into their topics: they wait here, per topic in arrival order, and each scheduler cycle moves
+them on. A ring topic takes **one message a cycle**, which is exactly what its subscribers can
+take (a cycle gives each of them at most one message of the topic), so a publisher faster than
+the subscribers fills the intake instead of lapping every subscriber's ring. A snapshot topic
+takes everything waiting at once and keeps the last value (snapshots conflate anyway).
+
+The intake is bounded twice, by messages (``Limits.intake_messages``) and by payload bytes
+(``Limits.intake_bytes``); its **fill** is the larger of the two ratios, 0-100 %. A request is
+taken whole or not at all (:meth:`Intake.room`), so whatever was accepted is never dropped: it
+reaches its topic in order. The fill is the flow-control signal of the source document on
+backpressure: the HTTP API reports it on every answer, and sessions that published in the last
+second get FLOW(fill) when it crosses 50, 75, 87 or 100 % upward and once more when it falls
+back below 50 % (protocol.md section 8).
+
+In-process ``Rubris.publish`` does not come through here: it stays O(1) and immediate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+
+from .topics import SNAPSHOT, SharedTopic
+
+log = logging.getLogger("rubris_asgi")
+
+FLOW_LEVELS = (100, 87, 75, 50)
+"""Fill levels whose upward crossing sends FLOW to recent publishers (protocol.md section 8)."""
+RECENT = 1.0
+"""A session that published within this many seconds is told about the fill."""
+
+
+def flow_level(fill: int) -> int:
+    """The highest FLOW level at or below ``fill`` (0 below 50 %)."""
+    for level in FLOW_LEVELS:
+        if fill >= level:
+            return level
+    return 0
+
+
+@dataclass
+class IntakeStats:
+    """Counters of the intake (``Rubris.stats().intake``)."""
+
+    accepted: int = 0
+    """Messages taken in."""
+    refused: int = 0
+    """Messages refused because the whole request did not fit."""
+    published: int = 0
+    """Messages moved on into their topics (snapshot values conflated away are not counted)."""
+    conflated: int = 0
+    """Snapshot values replaced by a later one before they reached their topic."""
+    flows: int = 0
+    """FLOW messages sent to publishing sessions."""
+    pending: int = 0
+    """Messages waiting now."""
+    fill: int = 0
+    """Fill now, 0-100 %."""
+
+
+class Intake:
+    """Per-topic FIFO queues of encoded payloads, bounded by count and bytes.
+
+    Args:
+        max_messages / max_bytes: the bounds.
+        publish: ``f(topic, payload)``, called by :meth:`drain` (the engine's publish).
+        wake: called when messages arrive, so an idle scheduler runs a cycle.
+        flow: ``f(fill, publishers)``, called when the fill crosses a FLOW level.
+        clock: a monotonic clock (for "published in the last second").
+    """
+
+    def __init__(
+        self,
+        max_messages: int,
+        max_bytes: int,
+        *,
+        publish: Callable[[SharedTopic, bytes], object],
+        wake: Callable[[], None],
+        flow: Callable[[int, list[Hashable]], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._publish = publish
+        self._wake = wake
+        self._flow = flow
+        self._clock = clock
+        self.queues: dict[SharedTopic, deque[bytes]] = {}
+        self.count = 0
+        self.bytes = 0
+        self._level = 0
+        self._publishers: dict[Hashable, float] = {}
+        self.stats = IntakeStats()
+
+    @property
+    def fill(self) -> int:
+        """How full the intake is, 0-100 %: the larger of its count and byte ratios."""
+        by_count = self.count * 100 // self.max_messages
+        by_bytes = self.bytes * 100 // self.max_bytes
+        return min(100, max(by_count, by_bytes))
+
+    def room(self, messages: int, nbytes: int) -> bool:
+        """Whether ``messages`` messages of ``nbytes`` payload bytes fit now, all of them."""
+        return self.count + messages <= self.max_messages and self.bytes + nbytes <= self.max_bytes
+
+    def put_all(
+        self, entries: Iterable[tuple[SharedTopic, bytes]], publisher: Hashable | None = None
+    ) -> None:
+        """Take ``entries`` in order. The caller has checked :meth:`room` for all of them."""
+        queues = self.queues
+        n = 0
+        size = 0
+        for topic, payload in entries:
+            q = queues.get(topic)
+            if q is None:
+                q = queues[topic] = deque()
+            q.append(payload)
+            n += 1
+            size += len(payload)
+        self.count += n
+        self.bytes += size
+        self.stats.accepted += n
+        if publisher is not None:
+            self._publishers[publisher] = self._clock()
+        if n:
+            self._check_flow()
+            self._wake()
+
+    def refused(self, messages: int) -> None:
+        self.stats.refused += messages
+
+    def drain(self) -> None:
+        """Move messages on into their topics: one per ring topic, the last per snapshot topic.
+
+        Called by the scheduler at the start of each cycle, so what is published here is
+        delivered in the same cycle.
+        """
+        publish = self._publish
+        emptied: list[SharedTopic] = []
+        moved = 0
+        conflated = 0
+        size = 0
+        for topic, q in self.queues.items():
+            if topic.mode == SNAPSHOT and len(q) > 1:
+                conflated += len(q) - 1
+                size += sum(map(len, q))
+                payload = q[-1]
+                q.clear()
+            else:
+                payload = q.popleft()
+                size += len(payload)
+            moved += 1
+            try:
+                publish(topic, payload)
+            except Exception:  # checked at the door; a failure here must not stop the cycle
+                log.exception("intake: publishing to %s failed", topic.name)
+            if not q:
+                emptied.append(topic)
+        for topic in emptied:
+            del self.queues[topic]
+        self.count -= moved + conflated
+        self.bytes -= size
+        self.stats.published += moved
+        self.stats.conflated += conflated
+        self._check_flow()
+
+    def _check_flow(self) -> None:
+        fill = self.fill
+        level = flow_level(fill)
+        old = self._level
+        if level == old:
+            return
+        self._level = level
+        if level > old or level == 0:
+            now = self._clock()
+            recent = self._publishers
+            for key in [k for k, at in recent.items() if now - at > RECENT]:
+                del recent[key]  # keeps the table as small as the set of active publishers
+            if recent:
+                self.stats.flows += len(recent)
+                self._flow(fill, list(recent))
+
+    def snapshot(self) -> IntakeStats:
+        stats = self.stats
+        stats.pending = self.count
+        stats.fill = self.fill
+        return IntakeStats(**vars(stats))

@@ -22,3 +22,18 @@ def test_quickstart_runs() -> None:
         assert f"[{transport}] order: {{'status': 'accepted'}}" in out
         assert f"[{transport}] fill: {{'symbol': 'AAPL', 'qty': 5}}" in out
         assert f"[{transport}] stream: [3, 2, 1]" in out
+
+
+def test_publishing_example_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "examples" / "publishing.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "HTTP answer: 200 {'accepted': 1, 'duplicates': 0, 'fill': 0} Rubris-Fill: 0" in out
+    assert "Publisher sent 3 in 1 request(s)" in out
+    assert "trades.AAPL #1: {'px': 189.1, 'via': 'HTTP'}" in out
+    assert "trades.AAPL #4: {'px': 191.2, 'via': 'Publisher'}" in out
+    assert "trades.MSFT #3: {'px': 412, 'via': 'SyncPublisher'}" in out

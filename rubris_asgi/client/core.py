@@ -36,6 +36,7 @@ from ..protocol import (
     encode,
     iter_messages,
 )
+from ..ratelimit import RateLimiter
 from .concurrency import _within
 from .errors import (
     SubscriptionEnded,
@@ -130,6 +131,8 @@ class Client(_ServerMessages):
         self.welcome: Welcome | None = None
         self.error: BaseException | None = None
         self.stats = ClientStats()
+        self.publish_limiter = RateLimiter()
+        """Paces :meth:`publish` by the server's FLOW messages (the intake's fill)."""
         self.raw_frames: list[bytes] | None = [] if record else None
         self.rejections: deque[Rejection] = deque(maxlen=100)
 
@@ -329,7 +332,12 @@ class Client(_ServerMessages):
             self._streams.pop(cid, None)
 
     async def publish(self, name: str, value: Any) -> None:
-        """PUBLISH ``value`` (JSON) to ``name``; a refusal arrives later in :attr:`rejections`."""
+        """PUBLISH ``value`` (JSON) to ``name``; a refusal arrives later in :attr:`rejections`.
+
+        Paced by :attr:`publish_limiter`: the server sends FLOW when its intake fills, and this
+        waits as long as the lowered rate asks (no wait at all while it does not).
+        """
+        await self.publish_limiter.acquire()
         req = next(self._reqs)
         self._pub_reqs[req] = name
         while len(self._pub_reqs) > 1024:

@@ -29,6 +29,7 @@ from ..protocol import (
     Unsubscribe,
     Unsubscribed,
 )
+from ..ratelimit import RateLimiter
 from .concurrency import _invoke
 from .errors import SubscribeRejected, SubscriptionEnded, _Bye
 from .payloads import _call_error, _decode
@@ -60,6 +61,7 @@ class _ServerMessages:
     max_inflated: int
     ack_every: int
     stats: ClientStats
+    publish_limiter: RateLimiter
     rejections: deque[Rejection]
     _subs: dict[Subscription, None]
     _topics: dict[int, Subscription]
@@ -95,6 +97,7 @@ class _ServerMessages:
             raise _Bye(msg.code, msg.reason)
         elif isinstance(msg, Flow):
             self.stats.flow = msg.fill
+            self.publish_limiter.on_fill(msg.fill)
         else:
             raise ProtocolError(
                 f"the server sent {type(msg).__name__.upper()}, which is not a server message",

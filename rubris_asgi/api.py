@@ -92,7 +92,8 @@ class HttpApi:
             self._check_token(request)
             body = await self._body(request)
             entries = self._parse(request.headers.get("content-type", ""), body)
-            staged = [self._stage(index, entry) for index, entry in entries]
+            channels: dict[str, Channel | None] = {}  # per request: a name is matched once
+            staged = [self._stage(index, entry, channels) for index, entry in entries]
             await self._check_authorised(request, staged)
             engine = self.engine
             items = [(engine.topic_of(name, ch), payload) for _i, name, ch, payload in staged]
@@ -156,7 +157,9 @@ class HttpApi:
             return list(enumerate(value))
         raise _Refusal(400, "the body must be an entry or a non-empty list of entries")
 
-    def _stage(self, index: int, entry: Any) -> tuple[int, str, Channel, bytes]:
+    def _stage(
+        self, index: int, entry: Any, channels: dict[str, Channel | None]
+    ) -> tuple[int, str, Channel, bytes]:
         """One entry checked and encoded: (index, topic, channel, payload)."""
         if not isinstance(entry, dict):
             raise _Refusal(400, f"an entry must be an object, got {_json_type(entry)}", index)
@@ -168,10 +171,13 @@ class HttpApi:
             raise _Refusal(400, "topic must be a non-empty string", index)
         if len(name.encode()) > self.config.limits.max_topic_name:
             raise _Refusal(400, "topic name too long", index)
-        found = self.registry.match(name)
-        if found is None or not found[0].shared:
+        if name in channels:
+            ch = channels[name]
+        else:
+            found = self.registry.match(name)
+            ch = channels[name] = found[0] if found is not None and found[0].shared else None
+        if ch is None:
             raise _Refusal(404, f"no shared channel offers the topic {name!r}", index)
-        ch = found[0]
         payload = _payload(ch.codec, entry, index)
         try:
             self.engine.check_payload(len(payload))

@@ -90,6 +90,8 @@ class HttpApi:
             if not self.accepting:
                 raise _Refusal(503, "server shutting down")
             self._check_token(request)
+            if not self.engine.intake.room(1, 0):
+                return self._full()  # before the body is read and parsed: a flood costs little
             body = await self._body(request)
             entries = self._parse(request.headers.get("content-type", ""), body)
             channels: dict[str, Channel | None] = {}  # per request: a name is matched once
@@ -102,12 +104,14 @@ class HttpApi:
         except ProtocolError as exc:  # too many topics on this server
             return self._refusal(_Refusal(503, str(exc)))
         if not engine.offer(items):
-            return self._answer(
-                {"error": f"the intake cannot take {len(items)} messages now"},
-                429,
-                {"Retry-After": str(RETRY_AFTER)},
-            )
+            return self._full(len(items))
         return self._answer({"accepted": len(items), "duplicates": 0})
+
+    def _full(self, n: int | None = None) -> Response:
+        what = f"{n} messages" if n is not None else "more messages"
+        return self._answer(
+            {"error": f"the intake cannot take {what} now"}, 429, {"Retry-After": str(RETRY_AFTER)}
+        )
 
     # checks, in the order a request meets them
 

@@ -2,10 +2,11 @@
 
 Messages that arrive from other programs (the HTTP API, a client's PUBLISH) do not go straight
 into their topics: they wait here, per topic in arrival order, and each scheduler cycle moves
-them on. A ring topic takes **one message a cycle**, which is exactly what its subscribers can
-take (a cycle gives each of them at most one message of the topic), so a publisher faster than
-the subscribers fills the intake instead of lapping every subscriber's ring. A snapshot topic
-takes everything waiting at once and keeps the last value (snapshots conflate anyway).
+them on. A ring topic with subscribers takes **one message a cycle**, which is exactly what its
+subscribers can take (a cycle gives each of them at most one message of the topic), so a
+publisher faster than the subscribers fills the intake instead of lapping every subscriber's
+ring; one without subscribers takes everything waiting (there is nobody to lap). A snapshot
+topic takes everything waiting at once and keeps the last value (snapshots conflate anyway).
 
 The intake is bounded twice, by messages (``Limits.intake_messages``) and by payload bytes
 (``Limits.intake_bytes``); its **fill** is the larger of the two ratios, 0-100 %. A request is
@@ -135,7 +136,8 @@ class Intake:
         self.stats.refused += messages
 
     def drain(self) -> None:
-        """Move messages on into their topics: one per ring topic, the last per snapshot topic.
+        """Move messages on into their topics: one per ring topic that has subscribers, all of
+        one that has none, the last value of a snapshot topic.
 
         Called by the scheduler at the start of each cycle, so what is published here is
         delivered in the same cycle.
@@ -149,16 +151,21 @@ class Intake:
             if topic.mode == SNAPSHOT and len(q) > 1:
                 conflated += len(q) - 1
                 size += sum(map(len, q))
-                payload = q[-1]
+                batch: Iterable[bytes] = (q[-1],)
+                q.clear()
+            elif not topic.subs:  # nobody to lap: the ring takes everything now
+                size += sum(map(len, q))
+                batch = tuple(q)
                 q.clear()
             else:
-                payload = q.popleft()
-                size += len(payload)
-            moved += 1
-            try:
-                publish(topic, payload)
-            except Exception:  # checked at the door; a failure here must not stop the cycle
-                log.exception("intake: publishing to %s failed", topic.name)
+                batch = (q[0],)
+                size += len(q.popleft())
+            for payload in batch:
+                moved += 1
+                try:
+                    publish(topic, payload)
+                except Exception:  # checked at the door; a failure must not stop the cycle
+                    log.exception("intake: publishing to %s failed", topic.name)
             if not q:
                 emptied.append(topic)
         for topic in emptied:

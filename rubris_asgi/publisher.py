@@ -3,8 +3,9 @@
 Both speak the HTTP API of protocol.md section 8b (``POST {mount}/api/publish``, NDJSON) through
 httpx (the ``client`` extra). Small messages are gathered into one request of up to ``batch``
 entries (or ``batch_bytes``); the asyncio form also sends a partial batch ``linger`` seconds
-after its first entry. One request is in flight at a time, so the server sees a publisher's
-messages in the order they were published.
+after its first entry. A request carries at most ``REQUEST_SPAN`` (50 ms) of the current send
+limit, so a slowed publisher sends smaller requests and hears the fill often. One request is in
+flight at a time, so the server sees a publisher's messages in the order they were published.
 
 Pacing is the source document on backpressure: every answer carries ``Rubris-Fill``, the
 server's intake fill; a :class:`~rubris_asgi.ratelimit.RateLimiter` lowers the send rate on a
@@ -44,6 +45,8 @@ from .ratelimit import RateLimiter
 __all__ = ["PublishError", "Publisher", "PublisherStats", "SyncPublisher"]
 
 _RETRYABLE = frozenset({429, 502, 503, 504})
+REQUEST_SPAN = 0.05
+"""Seconds of the current send limit one request carries at most (see ``request_size``)."""
 _BACKOFF_BASE = 0.05
 _BACKOFF_MAX = 2.0
 
@@ -86,12 +89,12 @@ class _Batch:
         self.lines.append(line)
         self.size += len(line) + 1
 
-    def take(self) -> tuple[bytes, int]:
-        body = b"\n".join(self.lines) + b"\n"
-        n = len(self.lines)
-        self.lines = []
-        self.size = 0
-        return body, n
+    def take(self, most: int) -> tuple[bytes, int]:
+        """The first ``most`` entries as one body, and how many they are."""
+        lines, self.lines = self.lines[:most], self.lines[most:]
+        body = b"\n".join(lines) + b"\n"
+        self.size -= len(body)
+        return body, len(lines)
 
 
 def _line(topic: str, data: Any) -> bytes:
@@ -127,6 +130,12 @@ class _Core:
 
     def full(self) -> bool:
         return len(self.batch.lines) >= self.batch_max or self.batch.size >= self.batch_bytes
+
+    def request_size(self) -> int:
+        """Entries in the next request: at most ``batch``, and about ``REQUEST_SPAN`` seconds'
+        worth of the current limit, so that a slowed publisher still hears the fill often
+        (a 1,000-entry request at 1,000 messages/s would bring one answer a second)."""
+        return max(1, min(self.batch_max, int(self.limiter.rate * REQUEST_SPAN)))
 
     def answer(self, response: httpx.Response, n: int) -> float | None:
         """Account an answer: None when accepted, else the seconds to wait before a retry.
@@ -234,7 +243,7 @@ class Publisher:
         async with self._lock:
             core = self._core
             while core.batch.lines:
-                body, n = core.batch.take()
+                body, n = core.batch.take(core.request_size())
                 await self._send(body, n)
 
     def _linger(self) -> None:
@@ -338,7 +347,7 @@ class SyncPublisher:
     def flush(self) -> None:
         core = self._core
         while core.batch.lines:
-            body, n = core.batch.take()
+            body, n = core.batch.take(core.request_size())
             self._send(body, n)
 
     def _send(self, body: bytes, n: int) -> None:

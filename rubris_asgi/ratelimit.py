@@ -20,9 +20,12 @@ fill    new limit
 ======  =========================
 
 *Strongest NAK in a window wins.* The first NAK after a quiet period opens a window of
-``window`` seconds and cuts from the limit in force at that moment (its base). Within the window
-only a stronger NAK cuts again, from the same base, so N receivers reporting the same overload
-cost one cut, not N. A NAK that finds the limit at ``floor`` is ignored (and counted).
+``window`` seconds and cuts from the limit in force at that moment (its base), or from the rate
+the publisher really sent at over the last ``measure`` seconds when that is lower: a publisher
+that sends below its limit is cut from what it sends, else its first cuts would change
+nothing. Within the window only a stronger NAK cuts again, from the same base, so N receivers
+reporting the same overload cost one cut, not N. A NAK that finds the limit at ``floor`` is
+ignored (and counted).
 
 *Recovery.* With k whole ``step`` periods since the last cut, the limit is
 ``min(initial, cut * (1 + growth * k * (k + 1) / 2))``: step k adds ``cut * growth * k``, so the
@@ -34,8 +37,9 @@ its tokens even if that puts the bucket in debt, which the callers after it wait
 larger than the bucket is never refused for its size; it only delays what follows.
 
 The knobs and their defaults: ``initial`` 1,000,000/s, ``floor`` 100/s, ``window`` 50 ms,
-``step`` 100 ms, ``growth`` 10 %, ``burst`` 50 ms. A larger ``growth`` or shorter ``step``
-recovers faster (and invites the next NAK sooner); ``floor`` is the least a sender keeps.
+``step`` 100 ms, ``growth`` 10 %, ``burst`` 50 ms, ``measure`` 500 ms. A larger ``growth`` or
+shorter ``step`` recovers faster (and invites the next NAK sooner); ``floor`` is the least a
+sender keeps.
 
     >>> t = 0.0
     >>> limiter = RateLimiter(initial=10_000, clock=lambda: t)
@@ -109,6 +113,7 @@ class RateLimiter:
         step: float = 0.100,
         growth: float = 0.10,
         burst: float = 0.050,
+        measure: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         blocking_sleep: Callable[[float], object] = time.sleep,
@@ -119,6 +124,7 @@ class RateLimiter:
         _require(math.isfinite(step) and step > 0, "step", "> 0", step)
         _require(math.isfinite(growth) and growth > 0, "growth", "> 0", growth)
         _require(math.isfinite(burst) and burst >= 0, "burst", ">= 0", burst)
+        _require(math.isfinite(measure) and measure > 0, "measure", "> 0", measure)
         self._initial, self._floor, self._window = initial, floor, window
         self._step, self._growth, self._burst = step, growth, burst
         self._clock, self._sleep, self._blocking_sleep = clock, sleep, blocking_sleep
@@ -129,6 +135,10 @@ class RateLimiter:
         self._window_strength = 0
         self._tokens = self._capacity(initial)
         self._filled_at = clock()
+        self._measure = measure
+        self._sent = 0  # messages taken in the current measuring period
+        self._sent_since = self._filled_at
+        self._sent_rate: float | None = None  # of the last complete period
         self._naks = self._ignored = self._cuts = 0
         self._last_fill: int | None = None
 
@@ -157,7 +167,12 @@ class RateLimiter:
             self._ignored += 1
             return
         if not in_window:
-            self._window_at, self._window_base = now, rate
+            # Cut from what the publisher really sends when that is below its limit: the
+            # headroom above it is not what overloaded the receiver, and cutting it alone
+            # would change nothing (a publisher limited by its own work, not by the limiter).
+            sending = self._sending(now)
+            base = rate if sending is None else min(rate, max(self._floor, sending))
+            self._window_at, self._window_base = now, base
         self._window_strength = strength
         self._refill(now, rate)  # tokens earned before the cut stay earned at the old rate
         self._cut, self._cut_at = max(self._floor, self._window_base * keep), now
@@ -179,6 +194,7 @@ class RateLimiter:
         self._refill(now, rate)
         wait = 0.0 if self._tokens >= -_TOKEN_EPS else -self._tokens / rate
         self._tokens -= n
+        self._count(now, n)
         return wait
 
     def try_acquire(self, n: int = 1) -> bool:
@@ -190,6 +206,7 @@ class RateLimiter:
         if self._tokens < -_TOKEN_EPS:
             return False
         self._tokens -= n
+        self._count(now, n)
         return True
 
     async def acquire(self, n: int = 1) -> None:
@@ -214,6 +231,24 @@ class RateLimiter:
             self._cut = None  # fully recovered: later reads skip the arithmetic
             return self._initial
         return rate
+
+    def _count(self, now: float, n: int) -> None:
+        elapsed = now - self._sent_since
+        if elapsed >= self._measure:
+            # a period stretched by idleness says nothing about the rate of the next burst
+            self._sent_rate = self._sent / elapsed if elapsed <= 2 * self._measure else None
+            self._sent, self._sent_since = 0, now
+        self._sent += n
+
+    def _sending(self, now: float) -> float | None:
+        """The rate the publisher really sends at: of the measuring period that just ended,
+        else of the last complete one; None when unknown or idle (an idle publisher keeps its
+        limit: its next burst is not what overloaded the receiver)."""
+        elapsed = now - self._sent_since
+        if elapsed > 2 * self._measure:
+            return None  # mostly idle since the last measurement: nothing to go by
+        rate = self._sent / elapsed if elapsed >= self._measure else self._sent_rate
+        return rate or None
 
     def _capacity(self, rate: float) -> float:
         return max(1.0, rate * self._burst)

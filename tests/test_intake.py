@@ -58,11 +58,25 @@ def test_a_snapshot_topic_takes_its_last_value_at_once() -> None:
 def test_topics_drain_side_by_side() -> None:
     e, _ = engine()
     a, b = e.topic("a", Mode.RING), e.topic("b", Mode.RING)
+    s, _sink = connect(e)
+    e.subscribe(s, a, 1, 0, 0)
+    e.subscribe(s, b, 2, 0, 0)
     assert e.offer([(a, b"1"), (a, b"2"), (b, b"3")])
     e.scheduler.run_cycle()
     assert (a.seq, b.seq) == (1, 1)
     e.scheduler.run_cycle()
     assert (a.seq, b.seq) == (2, 1) and e.intake.count == 0
+
+
+def test_a_ring_topic_nobody_subscribes_to_takes_everything_at_once() -> None:
+    e, _ = engine()
+    lonely, watched = e.topic("lonely", Mode.RING), e.topic("watched", Mode.RING)
+    s, _sink = connect(e)
+    e.subscribe(s, watched, 1, 0, 0)
+    assert e.offer([(lonely, b"%d" % i) for i in range(10)] + [(watched, b"1"), (watched, b"2")])
+    e.scheduler.run_cycle()
+    assert (lonely.seq, watched.seq) == (10, 1)  # nobody to lap on `lonely`
+    assert e.intake.count == 1 and e.intake.bytes == 1
 
 
 def test_a_request_that_does_not_fit_is_refused_whole() -> None:
@@ -115,6 +129,7 @@ def test_recent_publishers_get_flow_on_the_way_up_and_once_below_50() -> None:
     e, clock = engine(messages=100)
     t = e.topic("r", Mode.RING)
     pub, sink = connect(e)
+    e.subscribe(pub, t, 1, 0, 0)  # a subscriber: the ring drains one message a cycle
     other, other_sink = connect(e)  # never published: never told
     assert e.offer([(t, b"1")] * 40, pub)
     assert e.offer([(t, b"1")] * 15, pub)  # 55 %: crosses 50

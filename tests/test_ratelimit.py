@@ -376,3 +376,23 @@ def test_the_limit_stays_between_floor_and_initial(
         assert floor <= lim.rate <= initial
     stats = lim.stats
     assert stats.naks_ignored + stats.cuts == stats.naks
+
+
+def test_a_publisher_sending_below_its_limit_is_cut_from_what_it_sends() -> None:
+    clock = Clock()
+    lim = limiter(clock, initial=100_000.0)
+    for _ in range(60):  # 200 messages/s for 0.6 s, far below the 100,000/s limit
+        lim.reserve(2)
+        clock.advance(0.01)
+    lim.on_nak(50)
+    assert lim.rate == pytest.approx(100.0, rel=0.05)  # half of 200/s, not half of 100,000/s
+    assert lim.stats.cuts == 1
+
+
+def test_an_idle_publisher_keeps_its_limit_on_a_nak() -> None:
+    clock = Clock()
+    lim = limiter(clock, initial=100_000.0)
+    lim.reserve(10)
+    clock.advance(5.0)  # then nothing for 5 s
+    lim.on_nak(50)
+    assert lim.rate == 50_000.0

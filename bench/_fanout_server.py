@@ -39,6 +39,7 @@ import resource
 import socket
 import sys
 import time
+from typing import Any
 
 import orjson
 import uvicorn
@@ -264,6 +265,12 @@ def main() -> None:
         os.sched_setaffinity(0, {args.cpu})
     raise_nofile()
     app, _, _ = build(args.topics, args.ring, args.pad)
+    serve_on_free_port(app)
+
+
+def serve_on_free_port(app: Any) -> None:
+    """Run ``app`` under uvicorn (uvloop, httptools, websockets-sansio, no permessage-deflate)
+    on a free port of 127.0.0.1, announced as ``PORT n`` on stdout; shared by the benches."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

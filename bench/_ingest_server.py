@@ -26,13 +26,11 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import socket
 import sys
 import time
 from collections import deque
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -41,7 +39,13 @@ from starlette.routing import Mount, Route
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from _fanout_load import GcTimer  # noqa: E402
-from _fanout_server import cpu_seconds, orphan_watchdog, raise_nofile, rss_bytes  # noqa: E402
+from _fanout_server import (  # noqa: E402
+    cpu_seconds,
+    orphan_watchdog,
+    raise_nofile,
+    rss_bytes,
+    serve_on_free_port,
+)
 
 from rubris_asgi import Config, Limits, Rubris, Session, Timing  # noqa: E402
 
@@ -142,27 +146,7 @@ def main() -> None:
         os.sched_setaffinity(0, {args.cpu})
     raise_nofile()
     app, _ = build(args.ring, args.intake_messages, args.token, args.sample_ms)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(4096)
-    config = uvicorn.Config(
-        app,
-        loop="uvloop",
-        http="httptools",
-        ws="websockets-sansio",
-        ws_per_message_deflate=False,
-        ws_ping_interval=None,
-        ws_ping_timeout=None,
-        log_level="warning",
-        lifespan="on",
-        backlog=4096,
-        timeout_graceful_shutdown=5,
-        access_log=False,
-    )
-    server = uvicorn.Server(config)
-    print(f"PORT {sock.getsockname()[1]}", flush=True)
-    server.run(sockets=[sock])
+    serve_on_free_port(app)
 
 
 if __name__ == "__main__":

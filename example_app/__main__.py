@@ -14,7 +14,15 @@ def main() -> None:
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args()
     print(f"rubris_asgi demo on http://{args.host}:{args.port}/")
-    from .app import app, rubris
+    from .app import API_TOKEN, app, rubris
+
+    print(
+        "print a trade on the tape from another program:\n"
+        f"  curl -s http://{args.host}:{args.port}/rubris/api/publish"
+        f" -H 'Authorization: Bearer {API_TOKEN}' -H 'Content-Type: application/json'"
+        """ -d '{"topic": "trades", "data": {"id": 0, "symbol": "AAPL", "price": 1.0,"""
+        """ "qty": 1, "side": "buy", "ts": 0}}'"""
+    )
 
     # drains rubris (GOODBYE 9 to every client) before uvicorn closes the sockets; per-message
     # deflate at the WebSocket layer stays off, rubris deflates each message itself

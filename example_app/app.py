@@ -6,12 +6,16 @@ Channels:
     book.{symbol}     snapshot: a 50-level order book (large JSON, sent deflated)
     fills             private: this session's own fills, lossless
 RPC: symbols, place_order, history (streamed).
+HTTP API: POST /rubris/api/publish with the bearer token API_TOKEN (RUBRIS_API_TOKEN, or a
+random one printed at start): another program can print trades on the tape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +30,8 @@ from .market import SYMBOLS, Market
 
 STATIC = Path(__file__).parent / "static"
 
-rubris = Rubris(compress_at=512)
+API_TOKEN = os.environ.get("RUBRIS_API_TOKEN") or secrets.token_urlsafe(16)
+rubris = Rubris(compress_at=512, api_token=API_TOKEN)
 market = Market()
 
 

@@ -14,6 +14,7 @@ test-output/demo.png is written on every run.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -95,6 +96,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+API_TOKEN = "browser-test-token"
+
+
 class DemoServer:
     """``python -m example_app`` on a fixed port; its output goes to a log file."""
 
@@ -108,7 +112,7 @@ class DemoServer:
     def start(self) -> None:
         assert self.proc is None, "already running"
         self.starts += 1
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RUBRIS_API_TOKEN": API_TOKEN}
         with self.log_path.open("ab") as log:
             log.write(f"---- start #{self.starts} ----\n".encode())
             log.flush()
@@ -819,4 +823,31 @@ def test_close_reasons_fit_a_close_frame(demo: Demo) -> None:
             assert short == reason
         else:  # cut as late as it can be: the next character would not have fitted
             assert 123 - nbytes < len(reason[len(short)].encode())
+    demo.assert_clean()
+
+
+@pytest.mark.browser
+def test_a_trade_published_over_the_http_api_reaches_the_tape(demo: Demo) -> None:
+    """Another program prints a trade through POST /rubris/api/publish; the page shows it."""
+    demo.open("/")
+    demo.wait_open("websocket")
+    demo.wait_new_trades()
+    trade = {"id": 987654321, "symbol": "AAPL", "price": 123.45, "qty": 777, "side": "sell"}
+    body = json.dumps([{"topic": "trades", "data": {**trade, "ts": int(time.time() * 1000)}}])
+    req = urllib.request.Request(
+        f"{demo.server.url}/rubris/api/publish",
+        data=body.encode(),
+        headers={"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=5) as res:
+        assert res.status == 200 and json.loads(res.read())["accepted"] == 1
+    row = demo.wait(
+        """() => {
+            const tr = document.querySelector('#tape tr[data-id="987654321"]');
+            return tr ? [...tr.cells].map((td) => td.textContent) : false;
+        }""",
+        what="the published trade in #tape",
+    )
+    _time, sym, side, qty, price = row
+    assert (sym, side, qty, price) == ("AAPL", "SELL", "777", "123.45")
     demo.assert_clean()

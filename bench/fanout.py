@@ -123,16 +123,15 @@ async def http(port: int, method: str, path: str, timeout: float = 60.0) -> Any:
 class Server:
     """The server subprocess: started per case, stopped (SIGTERM, then SIGKILL) after it."""
 
-    def __init__(self, topics: int, pin: bool) -> None:
-        self.topics = topics
-        self.pin = pin
+    def __init__(self, args: list[str], pin: bool, script: str = SERVER) -> None:
+        self.argv = [sys.executable, script, *args]
+        if pin:
+            self.argv += ["--cpu", str(SERVER_CORE)]
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
 
     async def start(self) -> None:
-        args = [sys.executable, SERVER, "--topics", str(self.topics)]
-        if self.pin:
-            args += ["--cpu", str(SERVER_CORE)]
+        args = self.argv
         # its own session: a Ctrl-C in the terminal reaches only this process, which then stops
         # the server itself (SIGTERM); the server also exits if this process disappears
         self.proc = await asyncio.create_subprocess_exec(
@@ -406,7 +405,7 @@ def noisy(r: dict[str, Any]) -> bool:
 
 
 async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
-    server = Server(case.topics, pin)
+    server = Server(["--topics", str(case.topics)], pin)
     # skew: every message of every topic with many clients (few rounds per second), every 8th
     # seq with few clients (many rounds per second, few deliveries each)
     rec = Recorder(sample=1 if case.clients >= 500 else 8)

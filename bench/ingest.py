@@ -78,7 +78,6 @@ import gc
 import math
 import os
 import resource
-import signal
 import sys
 import time
 from typing import Any
@@ -99,6 +98,7 @@ from _ingest_load import (  # noqa: E402
     open_subscribers,
     unreceived,
 )
+from fanout import Server as FanoutServer  # noqa: E402
 from fanout import core_usage, cpu_ticks, http, load_cpu, pct, wait_quiet  # noqa: E402
 
 from rubris_asgi import Limits  # noqa: E402
@@ -117,36 +117,11 @@ BAND = 0.15
 PAD = "x" * 40
 
 
-class Server:
-    """The server subprocess (as in bench/fanout.py): SIGTERM, then SIGKILL, when done."""
+class Server(FanoutServer):
+    """The ingest server subprocess (bench/_ingest_server.py), with its control routes."""
 
     def __init__(self, args: list[str], pin: bool) -> None:
-        self.args = args + (["--cpu", str(SERVER_CORE)] if pin else [])
-        self.proc: asyncio.subprocess.Process | None = None
-        self.port = 0
-
-    async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            SERVER,
-            *self.args,
-            stdout=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        assert self.proc.stdout is not None
-        line = await asyncio.wait_for(self.proc.stdout.readline(), 30)
-        if not line.startswith(b"PORT "):
-            raise RuntimeError(f"server did not start: {line!r}")
-        self.port = int(line.split()[1])
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                await self.stats()
-                return
-            except (OSError, RuntimeError, asyncio.TimeoutError):
-                if time.monotonic() > deadline or self.proc.returncode is not None:
-                    raise
-                await asyncio.sleep(0.05)
+        super().__init__(args, pin, SERVER)
 
     async def stats(self, heads: bool = False) -> Any:
         return await http(self.port, "GET", "/control/stats" + ("?heads=1" if heads else ""))
@@ -154,19 +129,6 @@ class Server:
     async def samples(self, since_ns: int) -> list[list[int]]:
         rows: list[list[int]] = await http(self.port, "GET", f"/control/samples?since={since_ns}")
         return rows
-
-    async def stop(self) -> None:
-        proc = self.proc
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 15)
-        except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
 
 
 def cpu_of(s: dict[str, Any]) -> float:

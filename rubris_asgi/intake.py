@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .topics import SNAPSHOT, SharedTopic
 
@@ -193,7 +193,5 @@ class Intake:
                 self._flow(fill, list(recent))
 
     def snapshot(self) -> IntakeStats:
-        stats = self.stats
-        stats.pending = self.count
-        stats.fill = self.fill
-        return IntakeStats(**vars(stats))
+        """A copy of the counters with ``pending`` and ``fill`` as they are now."""
+        return replace(self.stats, pending=self.count, fill=self.fill)

@@ -162,15 +162,14 @@ class _Core:
         except (ValueError, AttributeError):
             raise PublishError(status, response.text[:200]) from None
 
-    @staticmethod
-    def backoff(attempt: int, at_least: float) -> float:
+    def retry_wait(self, started: float, attempt: int, at_least: float, why: str) -> float:
+        """Seconds to wait before retry number ``attempt`` (backoff, at least ``at_least``);
+        ``PublishError`` once ``retry_for`` has passed since ``started``."""
+        if time.monotonic() - started >= self.retry_for:
+            raise PublishError(0, f"not delivered within {self.retry_for:g} s: {why}")
+        self.stats.retries += 1
         grown: float = min(_BACKOFF_MAX, _BACKOFF_BASE * 2.0**attempt)
         return max(at_least, grown * random.uniform(0.5, 1.0))
-
-    def give_up(self, started: float, now: float, why: str) -> PublishError | None:
-        if now - started >= self.retry_for:
-            return PublishError(0, f"not delivered within {self.retry_for:g} s: {why}")
-        return None
 
 
 class Publisher:
@@ -278,11 +277,7 @@ class Publisher:
                 wait, why = 0.0, f"{type(exc).__name__}: {exc}"
             if wait is None:
                 return
-            error = core.give_up(started, time.monotonic(), why)
-            if error is not None:
-                raise error
-            core.stats.retries += 1
-            await asyncio.sleep(core.backoff(attempt, wait))
+            await asyncio.sleep(core.retry_wait(started, attempt, wait, why))
             attempt += 1
 
     async def aclose(self) -> None:
@@ -364,11 +359,7 @@ class SyncPublisher:
                 wait, why = 0.0, f"{type(exc).__name__}: {exc}"
             if wait is None:
                 return
-            error = core.give_up(started, time.monotonic(), why)
-            if error is not None:
-                raise error
-            core.stats.retries += 1
-            self._sleep(core.backoff(attempt, wait))
+            self._sleep(core.retry_wait(started, attempt, wait, why))
             attempt += 1
 
     def close(self) -> None:

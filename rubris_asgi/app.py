@@ -32,7 +32,8 @@ from .dispatch import Dispatcher
 from .engine import Engine
 from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
 from .intake import IntakeStats
-from .protocol import Codec
+from .protocol import Codec, Mode
+from .queues import QueueSettings, QueueStats, QueueTopic
 from .scheduler import CycleStats
 from .session import Session, SessionState
 from .transports.gateway import Authenticate, Gateway
@@ -42,6 +43,16 @@ from .transports.websocket import WebSocketTransport
 log = logging.getLogger("rubris_asgi")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+QUEUE_TICK = 0.005
+"""Seconds between server-side CoDel checks: well under CoDel's interval / sqrt(count) steps."""
+
+
+def _total(parts: Any) -> QueueStats:
+    total = QueueStats()
+    for p in parts:
+        total.add(p)
+    return total
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,8 @@ class Stats:
     pool: PoolStats
     compression: CompressionStats
     intake: IntakeStats
+    queues: QueueStats
+    """Every queue topic's counters and gauges, added up."""
 
 
 class Rubris:
@@ -165,6 +178,51 @@ class Rubris:
             pattern, queue=queue, batch=batch, codec=codec, compress_at=compress_at
         )
 
+    def queue(
+        self,
+        pattern: str,
+        *,
+        max_length: int = 10_000,
+        prefetch: int | None = None,
+        max_prefetch: int = 1000,
+        initial_prefetch: int = 4,
+        batch: int = 64,
+        delivery_limit: int = 20,
+        dead_letter: str | None = None,
+        codel_target: float | None = 0.020,
+        codel_interval: float = 0.100,
+        codec: Codec = Codec.JSON,
+        compress_at: int | None = _UNSET,
+        client_publish: bool = False,
+    ) -> Callable[[F], F]:
+        """Register a work-queue channel: each item goes to one consumer at a time.
+
+        The handler ``(session, **params)`` runs when a session subscribes (to consume) and
+        may ``raise Reject``. ``prefetch`` fixes every consumer's unacknowledged items; None
+        sizes it per consumer from its round trip and processing time (from
+        ``initial_prefetch``, at most ``max_prefetch``); a consumer may fix its own with
+        SUBSCRIBE params ``{"prefetch": n}``. ``batch``: items in one frame at most.
+        An item whose deliveries end in NACK or a lost consumer ``delivery_limit`` times, or
+        that is NACKed without requeue, goes to the queue topic ``dead_letter`` (else it is
+        dropped and counted). ``codel_target``/``codel_interval``: server-side CoDel, which
+        takes back (REVOKE) items waiting too long inside a consumer; None turns it off.
+        ``client_publish``: clients may PUBLISH items. docs/guide.md, "Work queues".
+        """
+        settings = QueueSettings(
+            max_length=max_length,
+            prefetch=prefetch,
+            max_prefetch=max_prefetch,
+            initial_prefetch=min(initial_prefetch, max_prefetch),
+            batch=batch,
+            delivery_limit=delivery_limit,
+            dead_letter=dead_letter,
+            codel_target=codel_target,
+            codel_interval=codel_interval,
+        )
+        return self.registry.queue(
+            pattern, settings, codec=codec, compress_at=compress_at, client_publish=client_publish
+        )
+
     def rpc(self, name: str | None = None) -> Callable[[F], F]:
         """Register a method ``(session, args) -> result``; an async generator streams."""
         return self.registry.rpc(name)
@@ -185,6 +243,51 @@ class Rubris:
             ch = found[0]
             t = self.engine.topic_of(name, ch)
         return self.engine.publish(t, value)
+
+    def _queue(self, name: str) -> QueueTopic:
+        q = self.engine.queues.get(name)
+        if q is not None:
+            return q
+        found = self.registry.match(name)
+        if found is None or found[0].mode != Mode.QUEUE:
+            raise ProtocolError(f"no queue channel matches {name!r}", ErrorCode.UNKNOWN)
+        return self.engine.queue_of(name, found[0], self.registry)
+
+    def enqueue(self, name: str, value: Any, *, id: str | None = None) -> bool:  # noqa: A002
+        """Add a work item to the queue topic ``name``; O(1), never blocks.
+
+        ``id`` is the producer's idempotency key: an id seen within the queue's dedup window
+        (10 minutes, at most 1,000,000 ids) is not enqueued again and the call returns False.
+        Raises ``QueueFull`` at the queue's ``max_length``, ``ProtocolError`` (code 3) when no
+        queue channel matches ``name`` and ``MessageTooLarge`` over the writer pool's maximum.
+        """
+        return self.engine.enqueue(self._queue(name), value, id)
+
+    async def put(self, name: str, value: Any, *, id: str | None = None) -> bool:  # noqa: A002
+        """``enqueue``, waiting while the queue is full (back-pressure on the producer)."""
+        q = self._queue(name)
+        while True:
+            try:
+                return self.engine.enqueue(q, value, id)
+            except QueueFull:
+                pass
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def wake(fut: asyncio.Future[None] = fut) -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            q.waiters.append(wake)
+            try:
+                await fut
+            finally:
+                with contextlib.suppress(ValueError):
+                    q.waiters.remove(wake)
+
+    def queue_stats(self, name: str) -> QueueStats:
+        """Counters and gauges of the queue topic ``name`` (``KeyError`` if it has not been
+        used yet)."""
+        return self.engine.queues[name].snapshot()
 
     def send_nowait(self, session: Session, name: str, value: Any) -> int:
         """Queue a private message; raises ``QueueFull`` when the queue is at capacity."""
@@ -234,6 +337,7 @@ class Rubris:
             pool=replace(e.pool.stats),
             compression=replace(e.compression.stats),
             intake=e.intake.snapshot(),
+            queues=_total(q.snapshot() for q in e.queues.values()),
         )
 
     def _session_ended(self, s: Session) -> None:
@@ -318,6 +422,7 @@ class Rubris:
         self._tasks = [
             loop.create_task(self._run_scheduler(), name="rubris-scheduler"),
             loop.create_task(self._housekeeping(), name="rubris-housekeeping"),
+            loop.create_task(self._queue_ticks(), name="rubris-queue-ticks"),
         ]
         self.started = True
 
@@ -394,6 +499,14 @@ class Rubris:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout)
             sched.idle = False
+
+    async def _queue_ticks(self) -> None:
+        # server-side CoDel and round-trip probes: every QUEUE_TICK while there are consumers
+        engine = self.engine
+        while True:
+            await asyncio.sleep(QUEUE_TICK)
+            if engine.queues:
+                engine.queue_tick()
 
     async def _housekeeping(self) -> None:
         engine = self.engine

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from .errors import RegistrationClosed
 from .protocol import Codec, Mode
+from .queues.settings import QueueSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,6 +70,7 @@ class Channel:
     compress_at: int | None = None
     client_publish: bool = False
     wants_params: bool = False
+    queue_settings: QueueSettings | None = None
 
     def match(self, name: str) -> dict[str, str] | None:
         m = self.regex.match(name)
@@ -189,6 +191,39 @@ class Registry:
 
         return deco
 
+    def queue(
+        self,
+        pattern: str,
+        settings: QueueSettings,
+        *,
+        codec: Codec = Codec.JSON,
+        compress_at: int | None = _UNSET,
+        client_publish: bool = False,
+    ) -> Callable[[F], F]:
+        """Register a work-queue channel: each item to one consumer (protocol.md 5)."""
+        self._check_open(f"channel {pattern!r}")
+        regex, params = compile_pattern(pattern)
+
+        def deco(fn: F) -> F:
+            self._check_open(f"channel {pattern!r}")
+            self._add(
+                Channel(
+                    pattern,
+                    Mode.QUEUE,
+                    fn,
+                    regex,
+                    params,
+                    codec=codec,
+                    compress_at=self.compress_at if compress_at is _UNSET else compress_at,
+                    client_publish=client_publish,
+                    wants_params=_accepts(fn, "params"),
+                    queue_settings=settings,
+                )
+            )
+            return fn
+
+        return deco
+
     def rpc(self, name: str | None = None) -> Callable[[F], F]:
         """Register an RPC method; an async generator function gives a streamed reply."""
 
@@ -216,4 +251,18 @@ class Registry:
         return None
 
     def freeze(self) -> None:
+        """Close registration; a queue's ``dead_letter`` must name a queue topic by then."""
+        for ch in self.channels:
+            dl = ch.queue_settings.dead_letter if ch.queue_settings else None
+            if dl is None:
+                continue
+            found = self.match(dl)
+            if found is None or found[0].mode != Mode.QUEUE:
+                raise ValueError(
+                    f"queue channel {ch.pattern!r}: dead_letter {dl!r} matches no queue channel"
+                )
+            if found[0] is ch:
+                raise ValueError(
+                    f"queue channel {ch.pattern!r}: dead_letter {dl!r} is one of its own topics"
+                )
         self.frozen = True

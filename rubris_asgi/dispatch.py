@@ -16,11 +16,11 @@ from typing import Any
 
 import orjson
 
-from .channels import Registry
+from .channels import Channel, Registry
 from .compression import Decompressor, inflate
 from .config import Config
 from .engine import Engine
-from .errors import ErrorCode, MessageTooLarge, ProtocolError, Reject
+from .errors import ErrorCode, MessageTooLarge, ProtocolError, QueueFull, Reject
 from .flow import on_nak
 from .protocol import (
     Ack,
@@ -28,6 +28,7 @@ from .protocol import (
     Codec,
     Kind,
     Message,
+    Mode,
     Nack,
     Nak,
     Ping,
@@ -78,7 +79,7 @@ class Dispatcher:
             if isinstance(msg, Ping):
                 self.engine.direct(s, encode(Pong(msg.token)))
             elif isinstance(msg, Ack):
-                self.engine.ack(s, msg.topic, msg.upto)
+                self.engine.ack(s, msg)
             elif isinstance(msg, Subscribe):
                 await self._subscribe(s, msg)
             elif isinstance(msg, Call):
@@ -89,7 +90,8 @@ class Dispatcher:
                 on_nak(s, msg.fill, self.engine.clock(), self.config.flow)
             elif isinstance(msg, Publish):
                 await self._publish(s, msg)
-            # NACK: queue topics are not offered by this server, so no item can be named
+            elif isinstance(msg, Nack):
+                self.engine.nack(s, msg.topic, msg.tag, msg.requeue)
 
     def _payload(self, data: bytes, compressed: bool) -> Any:
         """The JSON value of a client payload (inflated under the limit); None when empty."""
@@ -147,6 +149,9 @@ class Dispatcher:
                 if initial is not None and t.seq == 0:
                     e.publish(t, initial)
                 e.subscribe(s, t, m.req, m.epoch, m.since)
+            elif ch.mode == Mode.QUEUE:
+                prefetch = _prefetch(params, ch)
+                e.subscribe_queue(s, e.queue_of(m.name, ch, self.registry), m.req, prefetch)
             else:
                 e.subscribe_private(
                     s,
@@ -173,8 +178,14 @@ class Dispatcher:
             if m.compressed:
                 payload = inflate(payload, self.config.limits.max_inflated, self.decompressor)
             payload = _checked_payload(ch.codec, payload)
+            if ch.mode == Mode.QUEUE:  # an item, straight into its queue (O(1), bounded)
+                e.enqueue(e.queue_of(m.name, ch, self.registry), payload)
+                return
             e.check_payload(len(payload))
             t = e.topic_of(m.name, ch)
+        except QueueFull as exc:
+            e.reject(s, m.req, ErrorCode.TOO_MANY, str(exc))
+            return
         except (ProtocolError, MessageTooLarge) as exc:
             e.reject(s, m.req, exc.code, str(exc))
             return
@@ -291,3 +302,14 @@ def _checked_payload(codec: int, payload: bytes) -> bytes:
         except UnicodeDecodeError:
             raise ProtocolError("payload is not valid UTF-8", ErrorCode.PROTOCOL) from None
     return payload
+
+
+def _prefetch(params: Any, ch: Channel) -> int | None:
+    """A consumer's own prefetch from SUBSCRIBE params (``{"prefetch": n}``), if it fixes one."""
+    if not isinstance(params, dict) or params.get("prefetch") is None:
+        return None
+    n = params["prefetch"]
+    top = ch.queue_settings.max_prefetch if ch.queue_settings else 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= top:
+        raise ProtocolError(f"prefetch must be an integer from 1 to {top}", ErrorCode.PROTOCOL)
+    return n

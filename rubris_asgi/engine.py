@@ -18,12 +18,24 @@ from typing import Any
 import orjson
 
 from .buffers import FrameBuffer, WriterPool
-from .channels import Channel
+from .channels import Channel, Registry
 from .compression import Compression, Compressor
 from .config import Config
 from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
 from .intake import Intake
-from .protocol import Codec, Flow, Goodbye, Mode, Rejected, Subscribed, Unsubscribed, encode
+from .protocol import (
+    Ack,
+    Codec,
+    Flow,
+    Goodbye,
+    Mode,
+    Rejected,
+    Revoke,
+    Subscribed,
+    Unsubscribed,
+    encode,
+)
+from .queues import QueueItem, QueueSettings, QueueSub, QueueTopic
 from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
 from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
@@ -67,6 +79,7 @@ class Engine:
         self.compression = Compression(compressor)
         self.scheduler = Scheduler(self.pool, clock, self.config.flow)
         self.topics: dict[str, SharedTopic] = {}
+        self.queues: dict[str, QueueTopic] = {}
         self.sessions: dict[str, Session] = {}
         limits = self.config.limits
         self.intake = Intake(
@@ -116,6 +129,9 @@ class Engine:
             if isinstance(sub, PrivateSub) and sub.unacked:
                 sub.rewind()
                 s.pending[sub] = None
+            elif isinstance(sub, QueueSub):
+                sub.live = True
+                sub.queue.touch()
         if s.has_work():
             self.scheduler.client_pending(s)
 
@@ -126,6 +142,7 @@ class Engine:
         if s.state is SessionState.CONNECTED:
             s.state = SessionState.DETACHED
         s.detached_at = self.clock()
+        self._give_back_queues(s, lost=True)  # not held through the resume window
 
     def set_ready(self, s: Session) -> None:
         """The transport can take a frame now (a poll arrived, a write completed)."""
@@ -147,6 +164,7 @@ class Engine:
             return
         s.direct.clear()
         s.pending.clear()
+        self._give_back_queues(s, lost=True)
         s.direct.append(encode(Goodbye(code, reason)))
         s.state = SessionState.CLOSING
         s.close_code = code
@@ -160,7 +178,7 @@ class Engine:
         s.ready = False
         s.sink = None
         for sub in list(s.subs.values()):
-            self._drop_sub(s, sub)
+            self._drop_sub(s, sub, lost=True)
         s.direct.clear()
         s.pending.clear()
         self.sessions.pop(s.id, None)
@@ -364,10 +382,102 @@ class Engine:
             self.scheduler.client_pending(s)
         return seq
 
-    def ack(self, s: Session, number: int, upto: int) -> None:
-        sub = s.subs.get(number)
+    def ack(self, s: Session, msg: Ack) -> None:
+        """ACK: cumulative on a private topic, by tags on a queue topic; an ACK for a topic
+        the session does not hold is ignored (it may have just been unsubscribed)."""
+        sub = s.subs.get(msg.topic)
         if isinstance(sub, PrivateSub):
-            sub.ack(upto)
+            sub.ack(msg.upto)
+        elif isinstance(sub, QueueSub):
+            sub.ack(msg.items, self.clock())
+
+    # queue topics
+
+    def queue_of(self, name: str, ch: Channel, registry: Registry) -> QueueTopic:
+        """The queue topic ``name`` of channel ``ch``, created (with its dead-letter queue,
+        found through ``registry``) on first use."""
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        settings = ch.queue_settings or QueueSettings()
+        if len(self.topics) + len(self.queues) >= self.config.limits.max_topics:
+            raise ProtocolError("too many topics on this server", ErrorCode.TOO_MANY)
+        q = QueueTopic(
+            name,
+            next(self._numbers),
+            epoch=new_epoch(),
+            codec=ch.codec,
+            settings=settings,
+            compress_at=ch.compress_at,
+            on_dirty=self.scheduler.queue_dirty,
+        )
+        self.queues[name] = q
+        dl = settings.dead_letter
+        if dl is not None and dl != name:
+            found = registry.match(dl)
+            if found is None or found[0].mode != Mode.QUEUE:
+                raise ValueError(f"queue {name!r}: dead_letter {dl!r} is not a queue topic")
+            q.dead_letter = self.queue_of(dl, found[0], registry)
+        return q
+
+    def queue_item(self, q: QueueTopic, value: Any, item_id: str | None = None) -> QueueItem:
+        """A new item for ``q``: encoded and compressed once. Raises ``MessageTooLarge``."""
+        payload = encode_payload(value, q.codec)
+        data, compressed = self.compression.maybe_compress(payload, q.compress_at)
+        self.pool.check_size(len(data) + 40)  # the ITEM header: topic, tag, attempt
+        return QueueItem(data, compressed, item_id, self.clock())
+
+    def enqueue(self, q: QueueTopic, value: Any, item_id: str | None = None) -> bool:
+        """Add one item, O(1): False when ``item_id`` is a duplicate (nothing added); raises
+        ``QueueFull`` at the queue's ``max_length`` and ``MessageTooLarge`` over the maximum."""
+        if not q.room():
+            raise QueueFull(f"queue {q.name!r} is full ({q.settings.max_length} waiting)")
+        item = self.queue_item(q, value, item_id)
+        if q.duplicate(item_id, item.enqueued):
+            return False
+        q.put(item)
+        return True
+
+    def subscribe_queue(
+        self, s: Session, q: QueueTopic, req: int, prefetch: int | None = None
+    ) -> QueueSub:
+        """Make ``s`` a consumer of ``q`` (``prefetch`` fixes its own), answer SUBSCRIBED."""
+        sub = s.subs.get(q.number)
+        if sub is None:
+            self._check_room(s)
+            sub = QueueSub(s, q, prefetch)
+            s.subs[q.number] = sub
+            s.names[q.name] = sub
+            q.consumers.append(sub)
+        if not isinstance(sub, QueueSub):
+            raise ProtocolError(f"{q.name!r} is not a queue topic", ErrorCode.UNKNOWN)
+        sub.live = s.sink is not None and s.state is SessionState.CONNECTED
+        self.direct(
+            s, encode(Subscribed(req, q.number, Mode.QUEUE, q.codec, q.epoch, 0, False, q.name))
+        )
+        q.touch()
+        return sub
+
+    def nack(self, s: Session, number: int, tag: int, requeue: bool) -> None:
+        sub = s.subs.get(number)
+        if isinstance(sub, QueueSub):
+            sub.nack(tag, requeue)
+
+    def queue_tick(self) -> None:
+        """Server-side CoDel and round-trip probes of every consumer: REVOKE what it takes
+        back. The runtime calls it every few milliseconds while there are consumers."""
+        now = self.clock()
+        for q in self.queues.values():
+            for c in q.consumers:
+                tag = c.tick(now)
+                if tag:
+                    self.direct(c.session, encode(Revoke.of(c.number, (tag,))))
+
+    def _give_back_queues(self, s: Session, lost: bool) -> None:
+        for sub in s.subs.values():
+            if isinstance(sub, QueueSub):
+                sub.live = False
+                sub.give_back(lost)
 
     # unsubscribe
 
@@ -376,16 +486,22 @@ class Engine:
         sub = s.subs.get(number)
         if sub is None:
             return False
-        self._drop_sub(s, sub)
+        self._drop_sub(s, sub, lost=False)
         self.direct(s, encode(Unsubscribed(number, code, reason)))
         return True
 
     def reject(self, s: Session, req: int, code: int, reason: str) -> None:
         self.direct(s, encode(Rejected(req, code, reason)))
 
-    def _drop_sub(self, s: Session, sub: Sub) -> None:
+    def _drop_sub(self, s: Session, sub: Sub, lost: bool) -> None:
         s.subs.pop(sub.number, None)
-        name = sub.topic.name if sub.topic is not None else getattr(sub, "name", "")
+        if isinstance(sub, QueueSub):
+            sub.live = False
+            sub.queue.consumers.remove(sub)
+            sub.give_back(lost)
+            name = sub.queue.name
+        else:
+            name = sub.topic.name if sub.topic is not None else getattr(sub, "name", "")
         if s.names.get(name) is sub:
             del s.names[name]
         s.pending.pop(sub, None)

@@ -5,7 +5,7 @@ Tree::
     RubrisError
     ├── ProtocolError          malformed or refused wire input; carries an ErrorCode
     ├── MessageTooLarge        a publish over the configured maximum (code 5)
-    ├── QueueFull              send_nowait() on a private queue at capacity
+    ├── QueueFull              send_nowait() on a full private queue; enqueue() on a full work queue
     ├── SessionClosed          sending to a session that has ended
     ├── RegistrationClosed     registering a channel or method after start-up
     └── Reject                 raised by application handlers to refuse (code 10)
@@ -57,7 +57,8 @@ class MessageTooLarge(RubrisError):
 
 
 class QueueFull(RubrisError):
-    """``send_nowait`` found the session's private queue for that topic at capacity."""
+    """``send_nowait`` found the session's private queue for that topic at capacity, or
+    ``enqueue`` found a work queue at its ``max_length``; nothing was added."""
 
     code = ErrorCode.TOO_MANY
 

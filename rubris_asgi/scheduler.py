@@ -7,10 +7,13 @@ One publish reaching a thousand sockets::
         ▼
     run_cycle()  1. fan-out      each dirty topic's subscriptions join their session's ordered
                                  pending set; each such session joins the pending-client list
-                 2. timers       sessions whose penalty or NAK hold has passed re-join the list
-                 3. serve        for each pending session that is READY: lease a buffer, take
+                 2. deal         each queue topic with items and free consumers hands items
+                                 to its consumers' lanes in rotation (queues/topic.py)
+                 3. timers       sessions whose penalty or NAK hold has passed re-join the list
+                 4. serve        for each pending session that is READY: lease a buffer, take
                                  the direct queue first, then one message per pending topic
-                                 (private topics: up to their batch depth); topics with more
+                                 (private and queue topics: up to their batch depth; a queue
+                                 item is tagged as it goes into the frame); topics with more
                                  waiting rotate behind the ones not reached; stop when the
                                  buffer is full; hand the frame to the transport (never awaited)
 
@@ -32,9 +35,10 @@ from .buffers import FrameBuffer, SizeClass, WriterPool
 from .config import FlowConfig
 from .flow import current_interval
 from .intake import Intake
-from .protocol import Gap, encode
+from .protocol import Gap, encode, item_message
+from .queues import QueueSub, QueueTopic
 from .session import Session, SessionState
-from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
+from .topics import PRIVATE, RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
 
 
 @dataclass
@@ -70,6 +74,10 @@ class Scheduler:
         self.clock = clock
         self.flow = flow or FlowConfig()
         self.dirty: list[SharedTopic] = []
+        self.queues: list[QueueTopic] = []
+        """Queue topics whose items or consumers changed: dealt at the next cycle's start."""
+        self.now = 0.0
+        """The current cycle's time (a queue delivery's send time)."""
         self.clients: list[Session] = []
         self.timers: list[tuple[float, int, Session]] = []
         self._tie = itertools.count()
@@ -87,6 +95,17 @@ class Scheduler:
         if self.idle:
             self.idle = False
             self.wake()
+
+    def queue_dirty(self, q: QueueTopic) -> None:
+        self.queues.append(q)
+        if self.idle:
+            self.idle = False
+            self.wake()
+
+    def _dealt(self, sub: QueueSub) -> None:
+        s: Session = sub.session  # type: ignore[assignment]
+        s.pending[sub] = None
+        self.client_pending(s)
 
     def client_pending(self, s: Session) -> None:
         if not s.queued and not s.held:
@@ -110,7 +129,9 @@ class Scheduler:
             heapq.heappush(self.timers, (s.hold_until, next(self._tie), s))
 
     def has_work(self) -> bool:
-        return bool(self.dirty or self.clients or (self.intake and self.intake.count))
+        return bool(
+            self.dirty or self.queues or self.clients or (self.intake and self.intake.count)
+        )
 
     def next_timer(self) -> float | None:
         return self.timers[0][0] if self.timers else None
@@ -119,13 +140,20 @@ class Scheduler:
 
     def run_cycle(self) -> int:
         """Run one cycle; returns the number of frames handed to transports."""
-        now = self.clock()
+        now = self.now = self.clock()
         stats = self.stats
         stats.cycles += 1
         intake = self.intake
         if intake is not None and intake.count:
             intake.drain()  # publishes here mark their topics dirty for this very cycle
         clients = self.clients
+
+        queues = self.queues
+        if queues:
+            self.queues = []
+            for q in queues:
+                q.dirty = False
+                q.deal(self._dealt)
 
         dirty = self.dirty
         if dirty:
@@ -240,7 +268,7 @@ class Scheduler:
                     sub.cursor = c + 1
                     if c < head:
                         busy.append(sub)
-                else:
+                elif mode == PRIVATE:
                     q: PrivateSub = sub  # type: ignore[assignment]
                     unsent = q.unsent
                     unacked = q.unacked
@@ -263,6 +291,37 @@ class Scheduler:
                         carry = sub
                         break
                     if unsent:
+                        busy.append(sub)
+                else:  # a queue topic: the items dealt to this consumer, tagged as they go
+                    qs: QueueSub = sub  # type: ignore[assignment]
+                    lane = qs.lane
+                    out = qs.outstanding
+                    tag = qs.tag
+                    k = qs.queue.settings.batch
+                    while lane and k:
+                        job = lane[0]
+                        m = item_message(
+                            qs.number, tag + 1, job.attempt + 1, job.payload, job.compressed
+                        )
+                        n = len(m)
+                        if size + n > cap:
+                            if size or (lease := self.pool.acquire(n)) is None:
+                                full = True
+                                break
+                            cap = lease.capacity if lease.size_class is BLOCK else n
+                        lane.popleft()
+                        tag += 1
+                        job.attempt += 1
+                        out[tag] = (job, self.now)
+                        append(m)
+                        size += n
+                        k -= 1
+                    qs.queue.stats.delivered += tag - qs.tag
+                    qs.tag = tag
+                    if full:
+                        carry = sub
+                        break
+                    if lane:
                         busy.append(sub)
             if carry is not None:
                 self.stats.deferred += 1

@@ -19,6 +19,7 @@ from rubris_asgi.protocol import (
     Gap,
     Goodbye,
     Hello,
+    Item,
     Kind,
     Message,
     Mode,
@@ -30,6 +31,7 @@ from rubris_asgi.protocol import (
     Push,
     Rejected,
     Result,
+    Revoke,
     Stream,
     Subscribe,
     Subscribed,
@@ -42,6 +44,7 @@ from rubris_asgi.protocol import (
     encode_message,
     encode_str,
     encode_uv,
+    item_message,
     iter_messages,
     push_message,
 )
@@ -69,6 +72,8 @@ server_messages = st.one_of(
     st.builds(Pong, uvs),
     st.builds(Goodbye, uvs, texts),
     st.builds(Flow, u8s),
+    st.builds(Item, uvs, uvs, uvs, payloads, flags),
+    st.builds(Revoke, uvs, st.lists(uvs, max_size=6).map(tuple)),
 )
 client_messages = st.one_of(
     st.builds(Hello, uvs, texts),
@@ -97,6 +102,8 @@ ONE_OF_EACH: list[Message] = [
     Pong(99),
     Goodbye(9, "shutting down"),
     Flow(75),
+    Item(9, 4, 2, b'{"job":1}'),
+    Revoke.of(9, [3, 4]),
     Hello(VERSION, ""),
     Subscribe(1, "prices", 42, 299, b'{"depth":5}'),
     Unsubscribe(7),
@@ -146,11 +153,12 @@ def test_constants() -> None:
         Kind.PUSH,
         Kind.RESULT,
         Kind.STREAM,
+        Kind.ITEM,
         Kind.SUBSCRIBE,
         Kind.CALL,
         Kind.PUBLISH,
     }
-    assert [k.value for k in Kind] == [*range(0x01, 0x0C), *range(0x21, 0x2A)]
+    assert [k.value for k in Kind] == [*range(0x01, 0x0E), *range(0x21, 0x2A)]
     assert [m.value for m in Mode] == [1, 2, 3, 4]
     assert [c.value for c in Codec] == [0, 1, 2]
 
@@ -414,15 +422,17 @@ def test_length_past_end_of_frame() -> None:
 def test_body_too_short_for_its_fields() -> None:
     for msg in ONE_OF_EACH:
         kind, body = split_message(encode(msg))
-        if kind in COMPRESSIBLE or kind == Kind.ACK:
+        if kind in COMPRESSIBLE or kind in (Kind.ACK, Kind.REVOKE):
             shortest = {
                 Kind.PUSH: 2,
                 Kind.RESULT: 2,
                 Kind.STREAM: 2,
+                Kind.ITEM: 3,
                 Kind.SUBSCRIBE: 10,
                 Kind.CALL: 6,
                 Kind.PUBLISH: 6,
                 Kind.ACK: 1,
+                Kind.REVOKE: 1,
             }[Kind(kind)]
         else:
             shortest = len(body)
@@ -459,7 +469,7 @@ def test_boolean_other_than_0_or_1_refused(msg: Message, value: int) -> None:
 def test_trailing_bytes_ignored_on_fixed_layout_kinds() -> None:
     for msg in ONE_OF_EACH:
         kind, body = split_message(encode(msg))
-        if kind in COMPRESSIBLE or kind == Kind.ACK:
+        if kind in COMPRESSIBLE or kind in (Kind.ACK, Kind.REVOKE):
             continue
         assert decode_frame(raw(kind, body + b"\xff\x80\x00")) == [msg]
 
@@ -480,7 +490,7 @@ def test_unknown_kinds_skipped() -> None:
         + raw(0x00, b"")
         + raw(0x30, b"\xff\xff\xff")  # not even a valid body for anything
         + raw(0x7F | COMPRESSED, b"\x00" * 200)  # multi-byte length
-        + raw(0x0C, b"")
+        + raw(0x0E, b"")
         + encode(Pong(2))
         + raw(0x20 | COMPRESSED, b"\x01")
     )
@@ -554,3 +564,24 @@ def test_ack_helpers_refuse_bad_shapes() -> None:
 def test_ack_items_round_trip(topic: int, seqs: list[int]) -> None:
     decoded = decode_frame(encode(Ack.items(topic, seqs)))[0]
     assert isinstance(decoded, Ack) and decoded.items == tuple(seqs)
+
+
+# --------------------------------------------------------------------------- ITEM and REVOKE
+
+
+def test_item_message_matches_the_generated_encoder() -> None:
+    for compressed in (False, True):
+        msg = Item(300, 70_000, 2, b'{"job":1}', compressed)
+        assert item_message(300, 70_000, 2, b'{"job":1}', compressed) == encode(msg)
+        assert decode_frame(encode(msg)) == [msg]
+    assert encode(Item(1, 2, 3, b"x")) == b"\x0c\x04\x01\x02\x03x"
+
+
+def test_revoke_tags() -> None:
+    r = Revoke.of(7, [4, 5, 200])
+    assert r == Revoke(7, (3, 4, 5, 200)) and r.tags == (4, 5, 200)
+    decoded = decode_frame(encode(r))[0]
+    assert isinstance(decoded, Revoke) and decoded.tags == (4, 5, 200)
+    with pytest.raises(ProtocolError) as info:
+        _ = Revoke(7, (2, 4)).tags
+    assert info.value.code == ErrorCode.PROTOCOL and "REVOKE" in str(info.value)

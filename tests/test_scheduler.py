@@ -9,7 +9,7 @@ from rubris_asgi.buffers import PoolConfig
 from rubris_asgi.config import Config
 from rubris_asgi.engine import Engine
 from rubris_asgi.errors import MessageTooLarge, QueueFull
-from rubris_asgi.protocol import Gap, Mode, Push, Subscribed
+from rubris_asgi.protocol import Ack, Gap, Mode, Push, Subscribed
 
 from .enginekit import FakeClock, RecordingSink, connect, pushes
 
@@ -305,7 +305,7 @@ def test_private_messages_replayed_after_resume() -> None:
         e.send_nowait(s, q, i)
     drain(e, 1)
     assert [m.seq for f in sink.take() for m in f if isinstance(m, Push)] == [1, 2, 3, 4, 5]
-    e.ack(s, q.number, 2)
+    e.ack(s, Ack.private(q.number, 2))
     e.detach(s)  # the connection drops with 3, 4, 5 unacknowledged
     e.send_nowait(s, q, 6)
     drain(e, 1)
@@ -330,7 +330,7 @@ def test_private_queue_pushes_back_when_full() -> None:
         e.send_nowait(s, q, 99)
     woke: list[int] = []
     q.waiters.append(lambda: woke.append(1))
-    e.ack(s, q.number, 1)
+    e.ack(s, Ack.private(q.number, 1))
     assert woke == [1]
     assert e.send_nowait(s, q, 99) == 4
 

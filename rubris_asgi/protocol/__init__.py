@@ -23,8 +23,9 @@ Three modules, one concept each:
 - ``wire``: the primitive types, written and read, with the error messages that name the kind,
   the field and the frame offset;
 - ``codec``: each kind's encoder and parser, built from its dataclass; :func:`encode`,
-  :func:`encode_frame`, :func:`iter_messages`, :func:`decode_frame`, and :func:`push_message`,
-  the fan-out fast path that builds a PUSH without a dataclass.
+  :func:`encode_frame`, :func:`iter_messages`, :func:`decode_frame`, and the fast paths that
+  build a message without a dataclass: :func:`push_message` (fan-out) and :func:`item_message`
+  (a queue delivery).
 """
 
 from .codec import (
@@ -32,6 +33,7 @@ from .codec import (
     encode,
     encode_frame,
     encode_message,
+    item_message,
     iter_messages,
     push_message,
 )
@@ -48,6 +50,7 @@ from .messages import (
     Gap,
     Goodbye,
     Hello,
+    Item,
     Kind,
     Message,
     Mode,
@@ -59,6 +62,7 @@ from .messages import (
     Push,
     Rejected,
     Result,
+    Revoke,
     ServerMessage,
     Stream,
     Subscribe,
@@ -82,6 +86,7 @@ __all__ = [
     "Gap",
     "Goodbye",
     "Hello",
+    "Item",
     "Kind",
     "Message",
     "Mode",
@@ -93,6 +98,7 @@ __all__ = [
     "Push",
     "Rejected",
     "Result",
+    "Revoke",
     "ServerMessage",
     "Stream",
     "Subscribe",
@@ -106,6 +112,7 @@ __all__ = [
     "encode_message",
     "encode_str",
     "encode_uv",
+    "item_message",
     "iter_messages",
     "push_message",
 ]

@@ -21,13 +21,14 @@ The one-byte uv (most topics, lengths, flags) is read inline. Parsers fill the f
 dataclass's slots directly: a frozen ``__init__`` goes through ``object.__setattr__`` for each
 field, which is most of the cost of decoding a small message.
 
-:func:`push_message` stays hand-written: it is the fan-out path, built once per publish without
-a dataclass. Every malformed input raises :class:`~rubris_asgi.errors.ProtocolError` with code
-1 and a message naming the kind, the field and the frame offset; nothing else escapes the
-decoder. Kinds without a ``Rest`` or ``Uvs`` field ignore bytes after their last field: a later
-protocol version may append fields, and an older reader must still understand the ones it knows.
-Unknown kinds are skipped by their length. The decoder accepts both directions' kinds and leaves
-it to the caller to refuse a kind sent the wrong way.
+:func:`push_message` and :func:`item_message` stay hand-written: they are the fan-out and the
+queue-delivery paths, built without a dataclass. Every malformed input raises
+:class:`~rubris_asgi.errors.ProtocolError` with code 1 and a message naming the kind, the field
+and the frame offset; nothing else escapes the decoder. Kinds without a ``Rest`` or ``Uvs``
+field ignore bytes after their last field: a later protocol version may append fields, and an
+older reader must still understand the ones it knows. Unknown kinds are skipped by their
+length. The decoder accepts both directions' kinds and leaves it to the caller to refuse a kind
+sent the wrong way.
 """
 
 from __future__ import annotations
@@ -199,6 +200,14 @@ def push_message(topic: int, seq: int, payload: bytes, compressed: bool = False)
     head = encode_uv(topic) + encode_uv(seq)
     return (
         (b"\x82" if compressed else b"\x02") + encode_uv(len(head) + len(payload)) + head + payload
+    )
+
+
+def item_message(topic: int, tag: int, attempt: int, payload: bytes, compressed: bool) -> bytes:
+    """A whole ITEM message: one delivery of a queue item, built when it is sent."""
+    head = encode_uv(topic) + encode_uv(tag) + encode_uv(attempt)
+    return (
+        (b"\x8c" if compressed else b"\x0c") + encode_uv(len(head) + len(payload)) + head + payload
     )
 
 

@@ -35,6 +35,8 @@ class Kind(IntEnum):
     PONG = 0x09
     GOODBYE = 0x0A
     FLOW = 0x0B
+    ITEM = 0x0C
+    REVOKE = 0x0D
     HELLO = 0x21
     SUBSCRIBE = 0x22
     UNSUBSCRIBE = 0x23
@@ -64,7 +66,7 @@ class Codec(IntEnum):
 
 
 COMPRESSIBLE: frozenset[int] = frozenset(
-    {Kind.PUSH, Kind.RESULT, Kind.STREAM, Kind.SUBSCRIBE, Kind.CALL, Kind.PUBLISH}
+    {Kind.PUSH, Kind.RESULT, Kind.STREAM, Kind.ITEM, Kind.SUBSCRIBE, Kind.CALL, Kind.PUBLISH}
 )
 
 # Wire types. To the type checker they are the Python types; to the codec, the annotation's
@@ -80,7 +82,7 @@ Str: TypeAlias = str
 Rest: TypeAlias = bytes
 """The remainder of the body: the payload, which may be compressed."""
 Uvs: TypeAlias = tuple[int, ...]
-"""uvs to the end of the body (ACK's values)."""
+"""uvs to the end of the body (ACK's and REVOKE's values)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,45 @@ class Flow:
 
 
 @dataclass(frozen=True, slots=True)
+class Item:
+    """One work item of a queue topic: ``tag`` numbers this delivery, ``attempt`` counts them."""
+
+    topic: Uv
+    tag: Uv
+    attempt: Uv
+    payload: Rest
+    compressed: bool = False
+
+
+def _counted(kind: str, values: tuple[int, ...]) -> tuple[int, ...]:
+    """The tags of a ``n:uv tag:uv × n`` body; ``ProtocolError`` when the count is wrong."""
+    if not values or values[0] != len(values) - 1:
+        raise ProtocolError(
+            f"{kind}: expected a count followed by that many tags, found {len(values)} values"
+            + (f" starting with count {values[0]}" if values else ""),
+            ErrorCode.PROTOCOL,
+        )
+    return values[1:]
+
+
+@dataclass(frozen=True, slots=True)
+class Revoke:
+    """REVOKE: ``topic`` then ``n`` and the ``n`` tags the server took back."""
+
+    topic: Uv
+    values: Uvs
+
+    @classmethod
+    def of(cls, topic: int, tags: Iterable[int]) -> Revoke:
+        tags = tuple(tags)
+        return cls(topic, (len(tags), *tags))
+
+    @property
+    def tags(self) -> tuple[int, ...]:
+        return _counted("REVOKE", self.values)
+
+
+@dataclass(frozen=True, slots=True)
 class Hello:
     version: Uv
     resume: Str
@@ -196,7 +237,7 @@ class Call:
 
 
 class _AckItems:
-    """``Ack.items(topic, seqs)`` builds a queue ACK; ``ack.items`` reads its seqs back.
+    """``Ack.items(topic, tags)`` builds a queue ACK; ``ack.items`` reads its tags back.
 
     One name for both directions, as with ``Ack.private``/``ack.upto`` but without a second
     name to remember; a descriptor is the only way to give a class and its instances different
@@ -214,14 +255,7 @@ class _AckItems:
     ) -> Callable[[int, Iterable[int]], Ack] | tuple[int, ...]:
         if obj is None:
             return _ack_items
-        values = obj.values
-        if not values or values[0] != len(values) - 1:
-            raise ProtocolError(
-                f"ACK: expected a count followed by that many seqs, found {len(values)} values"
-                + (f" starting with count {values[0]}" if values else ""),
-                ErrorCode.PROTOCOL,
-            )
-        return values[1:]
+        return _counted("ACK", obj.values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +264,7 @@ class Ack:
 
     The decoder cannot know the mode, so it keeps the raw values; the session, which does,
     reads them through :attr:`upto` (private topics: one cumulative seq) or :attr:`items`
-    (queue topics: ``n`` then ``n`` seqs).
+    (queue topics: ``n`` then ``n`` delivery tags).
     """
 
     topic: Uv
@@ -249,15 +283,17 @@ class Ack:
         return self.values[0]
 
 
-def _ack_items(topic: int, seqs: Iterable[int]) -> Ack:
-    seqs = tuple(seqs)
-    return Ack(topic, (len(seqs), *seqs))
+def _ack_items(topic: int, tags: Iterable[int]) -> Ack:
+    tags = tuple(tags)
+    return Ack(topic, (len(tags), *tags))
 
 
 @dataclass(frozen=True, slots=True)
 class Nack:
+    """NACK: give delivery ``tag`` of a queue topic back (``requeue``) or drop it."""
+
     topic: Uv
-    seq: Uv
+    tag: Uv
     requeue: Flag
 
 
@@ -291,6 +327,8 @@ ServerMessage: TypeAlias = (
     | Pong
     | Goodbye
     | Flow
+    | Item
+    | Revoke
 )
 ClientMessage: TypeAlias = (
     Hello | Subscribe | Unsubscribe | Call | Ack | Nack | Nak | Ping | Publish
@@ -309,6 +347,8 @@ KINDS: dict[type[Message], Kind] = {
     Pong: Kind.PONG,
     Goodbye: Kind.GOODBYE,
     Flow: Kind.FLOW,
+    Item: Kind.ITEM,
+    Revoke: Kind.REVOKE,
     Hello: Kind.HELLO,
     Subscribe: Kind.SUBSCRIBE,
     Unsubscribe: Kind.UNSUBSCRIBE,

@@ -1,0 +1,28 @@
+"""Work-queue topics (mode 4): competing consumers, prefetch sized from the round trip, ACK and
+NACK by delivery tag, CoDel on both sides (the source document on prefetch; protocol.md 5).
+
+Sans-IO like the rest of the core: times come in as arguments, nothing awaits.
+
+- ``settings``: a queue channel's settings and their defaults;
+- ``topic``: the items waiting and the fair deal to consumers;
+- ``consumer``: one session's lane, deliveries, ACK/NACK/return and server-side CoDel;
+- ``prefetch``: the per-consumer estimate of round trip and processing time;
+- ``codel``: CoDel's state machine, shared with the clients;
+- ``dedup``: producers' idempotency keys.
+"""
+
+from .codel import CoDel
+from .consumer import QueueSub
+from .prefetch import PrefetchEstimator
+from .settings import QueueSettings
+from .topic import QueueItem, QueueStats, QueueTopic
+
+__all__ = [
+    "CoDel",
+    "PrefetchEstimator",
+    "QueueItem",
+    "QueueSettings",
+    "QueueStats",
+    "QueueSub",
+    "QueueTopic",
+]

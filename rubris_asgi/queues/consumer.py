@@ -1,0 +1,198 @@
+"""One session's consumption of a queue topic: its lane, its deliveries, its prefetch, its CoDel.
+
+A consumer holds items in two places. The *lane*: dealt to it but not yet in a frame (the
+scheduler sends them in the next cycle it serves the session, tagging each as it goes). The
+*outstanding* deliveries: sent, not yet ended by ACK, NACK or REVOKE, by tag in sending order.
+Together they never exceed the consumer's prefetch, fixed or estimated (prefetch.py).
+
+Server-side CoDel (protocol.md section 5) treats the consumer's outstanding items as a buffer:
+the age of the oldest, less the round trip and one processing time, is the time it has waited
+inside the consumer. While that has stayed above target for an interval, the most recently sent
+item (the least likely to have been started) is taken back with REVOKE, then the next on CoDel's
+control law. From then until the delay has stayed under target for 16 intervals (CoDel's
+memory of a recent standing queue), the consumer gets new items only up to its measured prefetch
+(round trip / processing time + 1), whatever it asked for. This is
+for consumers that do not run CoDel themselves: a third-party client, a stalled tab.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..errors import ErrorCode, ProtocolError
+from ..protocol import Mode
+from ..topics import Sub
+from .codel import CoDel
+from .prefetch import PrefetchEstimator
+from .topic import QueueItem, QueueTopic
+
+QUEUE = int(Mode.QUEUE)
+
+
+class QueueSub(Sub):
+    """A session's subscription to a queue topic (sans-IO; times come from the engine)."""
+
+    __slots__ = (
+        "queue",
+        "lane",
+        "outstanding",
+        "tag",
+        "fixed",
+        "estimator",
+        "codel",
+        "capped_until",
+        "live",
+        "dealt",
+    )
+
+    def __init__(self, session: object, queue: QueueTopic, prefetch: int | None) -> None:
+        super().__init__(session, None, queue.number, QUEUE)
+        settings = queue.settings
+        self.queue = queue
+        self.lane: deque[QueueItem] = deque()
+        self.outstanding: dict[int, tuple[QueueItem, float]] = {}
+        """tag -> (item, time sent), in tag order (dicts keep insertion order)."""
+        self.tag = 0
+        """The last tag issued: tags strictly increase for the life of the subscription."""
+        self.fixed = prefetch or settings.prefetch
+        """The prefetch the consumer or the channel fixed; None: the estimator's."""
+        self.estimator = PrefetchEstimator(
+            settings.initial_prefetch, settings.max_prefetch, settings.rtt_window
+        )
+        target = settings.codel_target
+        self.codel = CoDel(target, settings.codel_interval) if target else None
+        self.capped_until = 0.0
+        """Held to its measured prefetch until then: CoDel took items back lately."""
+        self.live = False
+        """Connected: a consumer whose connection is gone gets nothing (and holds nothing)."""
+        self.dealt = False  # got items in the deal under way (QueueTopic.deal's bookkeeping)
+
+    @property
+    def prefetch(self) -> int:
+        """Unacknowledged deliveries this consumer may hold now."""
+        return self.fixed or self.estimator.limit
+
+    def credit(self) -> int:
+        if not self.live:
+            return 0
+        limit = self.prefetch
+        if self.capped_until:
+            # a standing queue inside the consumer lately: no more than its measured need
+            limit = min(limit, self.estimator.value)
+        return limit - len(self.lane) - len(self.outstanding)
+
+    def has_more(self) -> bool:
+        return bool(self.lane)
+
+    def _check(self, tag: int) -> None:
+        if tag > self.tag:
+            raise ProtocolError(
+                f"tag {tag} of queue topic {self.number} was never issued (last {self.tag})",
+                ErrorCode.PROTOCOL,
+            )
+
+    def ack(self, tags: tuple[int, ...], now: float) -> list[QueueItem]:
+        """End the deliveries ``tags`` names; returns their items. Tags no longer outstanding
+        are ignored; a tag never issued raises ``ProtocolError`` before anything changes."""
+        for tag in tags:
+            self._check(tag)
+        done: list[QueueItem] = []
+        sent: list[float] = []
+        out = self.outstanding
+        # it held all it may while items waited: if they did not wait at the consumer either,
+        # the prefetch is too small (the estimator grows it)
+        starving = len(out) + len(self.lane) >= self.prefetch and bool(self.queue.ready)
+        for tag in tags:
+            d = out.pop(tag, None)
+            if d is not None:
+                done.append(d[0])
+                sent.append(d[1])
+        if done:
+            self.queue.stats.acked += len(done)
+            self.estimator.on_ack(now, sent, starving)
+            self.queue.touch()
+        return done
+
+    def nack(self, tag: int, requeue: bool) -> QueueItem | None:
+        """Give delivery ``tag`` back (to the head of the queue) or dead-letter it."""
+        self._check(tag)
+        d = self.outstanding.pop(tag, None)
+        if d is None:
+            return None
+        q = self.queue
+        q.stats.nacked += 1
+        item = d[0]
+        if not requeue:
+            q.dead(item)
+        elif q.failed(item):
+            # the item goes to another consumer when one has room: this one goes to the back
+            consumers = q.consumers
+            if len(consumers) > 1:
+                consumers.remove(self)
+                consumers.append(self)
+            q.requeue([item])
+        q.touch()
+        return item
+
+    def give_back(self, lost: bool) -> int:
+        """Return every item held (a lost connection, UNSUBSCRIBE, the session's end).
+
+        ``lost``: the deliveries ended with the consumer gone, which counts toward the
+        delivery limit; items of the lane were never sent and do not count. Returns how many.
+        """
+        q = self.queue
+        back: list[QueueItem] = []
+        for item, _ in self.outstanding.values():
+            if not lost or q.failed(item):
+                back.append(item)
+        n = len(self.outstanding) + len(self.lane)
+        back.extend(self.lane)
+        self.outstanding.clear()
+        self.lane.clear()
+        if not lost:
+            q.stats.requeued += len(back)
+        q.requeue(back)
+        if self.codel is not None:
+            self.codel.reset()
+        return n
+
+    def tick(self, now: float) -> int:
+        """Server-side CoDel and the round-trip probe; returns the tag revoked, or 0."""
+        est = self.estimator
+        if self.fixed is None and est.due_probe(now):
+            est.start_probe(now)
+            if self.lane:  # only deliveries sent from now on are clean probes
+                self.queue.requeue(list(self.lane))
+                self.lane.clear()
+        codel = self.codel
+        if codel is None or not self.live:
+            return 0
+        out = self.outstanding
+        if out:
+            oldest_sent = out[next(iter(out))][1]
+            allowance = (  # the time an item takes when it does not wait: round trip + processing
+                est.sojourn if est.processing else self.queue.settings.unmeasured_allowance
+            )
+            drop = codel.should_drop(now - oldest_sent - allowance, now)
+        else:
+            drop = codel.should_drop(0.0, now)  # an empty buffer: no standing queue
+        if codel.dropping:
+            # CoDel's own memory: a queue that comes back within 16 intervals is the same one
+            self.capped_until = now + 16 * codel.interval
+        elif self.capped_until and now >= self.capped_until:
+            self.capped_until = 0.0
+            self.queue.touch()  # the standing queue is long gone: it may take its fill again
+        if not drop:
+            return 0
+        tag = next(reversed(out))
+        item, _ = out.pop(tag)
+        q = self.queue
+        q.stats.revoked += 1
+        q.requeue([item])
+        return tag
+
+    def __repr__(self) -> str:
+        return (
+            f"<QueueSub {self.queue.name!r} #{self.number} lane={len(self.lane)} "
+            f"outstanding={len(self.outstanding)}/{self.prefetch}>"
+        )

@@ -1,0 +1,226 @@
+"""A work-queue topic: items waiting, the consumers competing for them, and the deal between.
+
+Each item goes to exactly one consumer at a time. ``deal`` hands waiting items out one by one to
+the consumers in rotation, skipping those without free prefetch, so consumers with room are
+served fairly whatever their number; a dealt item waits in its consumer's *lane* until the
+scheduler's cycle puts it in a frame (consumer.py). Items given back (NACK with requeue, a lost
+consumer, REVOKE) go to the head of the queue, to be delivered next.
+
+Memory is bounded: ``max_length`` waiting items, plus at most the prefetch of each consumer.
+Given-back items are never refused, so the waiting count may pass ``max_length`` by what the
+consumers held; new items are refused until it is back under.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import QueueFull
+from .dedup import IdWindow
+from .settings import QueueSettings
+
+
+class QueueItem:
+    """One work item: its payload (encoded and maybe compressed once) and its history."""
+
+    __slots__ = ("payload", "compressed", "attempt", "failures", "id", "enqueued")
+
+    def __init__(self, payload: bytes, compressed: bool, item_id: str | None, now: float) -> None:
+        self.payload = payload
+        self.compressed = compressed
+        self.attempt = 0
+        """Deliveries so far (ITEM's ``attempt`` is this after the increment at sending)."""
+        self.failures = 0
+        """Deliveries that ended in NACK or a lost consumer (REVOKE does not count)."""
+        self.id = item_id
+        self.enqueued = now
+
+    def __repr__(self) -> str:
+        return f"<QueueItem id={self.id!r} attempt={self.attempt} failures={self.failures}>"
+
+
+class Consumer(Protocol):
+    """What the deal needs of a consumer (consumer.py's ``QueueSub``)."""
+
+    lane: deque[QueueItem]
+    outstanding: dict[int, Any]
+    dealt: bool
+
+    def credit(self) -> int: ...
+
+
+@dataclass
+class QueueStats:
+    """Counters since start (and, in a snapshot, the gauges ``waiting``, ``outstanding``,
+    ``consumers``); ``Rubris.queue_stats(name)`` and ``Rubris.stats().queues`` expose them."""
+
+    enqueued: int = 0
+    duplicates: int = 0
+    """Items refused because their ``id`` was seen within the dedup window."""
+    delivered: int = 0
+    acked: int = 0
+    nacked: int = 0
+    requeued: int = 0
+    """Items given back to the head: NACK with requeue and lost consumers."""
+    revoked: int = 0
+    """Deliveries taken back by server-side CoDel."""
+    dead_lettered: int = 0
+    """Items past the delivery limit or NACKed without requeue (moved or dropped)."""
+    dropped: int = 0
+    """Dead-lettered items with no dead-letter queue, or whose dead-letter queue was full."""
+    waiting: int = 0
+    outstanding: int = 0
+    consumers: int = 0
+
+    def add(self, other: QueueStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+class QueueTopic:
+    """A queue topic (mode 4); ``put`` is O(1), ``deal`` runs in the scheduler's cycle."""
+
+    __slots__ = (
+        "name",
+        "number",
+        "codec",
+        "epoch",
+        "settings",
+        "compress_at",
+        "ready",
+        "consumers",
+        "dirty",
+        "ids",
+        "stats",
+        "dead_letter",
+        "waiters",
+        "_on_dirty",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        number: int,
+        *,
+        epoch: int,
+        codec: int,
+        settings: QueueSettings,
+        compress_at: int | None,
+        on_dirty: Callable[[QueueTopic], None],
+    ) -> None:
+        self.name = name
+        self.number = number
+        self.codec = codec
+        self.epoch = epoch
+        self.settings = settings
+        self.compress_at = compress_at
+        self.ready: deque[QueueItem] = deque()
+        self.consumers: deque[Any] = deque()
+        """Subscribed consumers in rotation order: the next to be offered an item first."""
+        self.dirty = False
+        self.ids = IdWindow(settings.dedup_window, settings.dedup_max)
+        self.stats = QueueStats()
+        self.dead_letter: QueueTopic | None = None
+        """Where items past the delivery limit go (resolved from ``settings.dead_letter``)."""
+        self.waiters: deque[Callable[[], None]] = deque()
+        """Producers waiting for room (``Rubris.put``): called, and forgotten, when it frees."""
+        self._on_dirty = on_dirty
+
+    # producing
+
+    def room(self, n: int = 1) -> bool:
+        return len(self.ready) + n <= self.settings.max_length
+
+    def duplicate(self, item_id: str | None, now: float) -> bool:
+        """Whether ``item_id`` was enqueued within the dedup window (counted), else records it."""
+        if item_id is None or not self.ids.seen(item_id, now):
+            return False
+        self.stats.duplicates += 1
+        return True
+
+    def put(self, item: QueueItem) -> None:
+        """Append a new item; raises ``QueueFull`` at ``max_length`` (nothing changed)."""
+        if len(self.ready) >= self.settings.max_length:
+            raise QueueFull(f"queue {self.name!r} is full ({self.settings.max_length} waiting)")
+        self.ready.append(item)
+        self.stats.enqueued += 1
+        self.touch()
+
+    def touch(self) -> None:
+        """Something changed that a deal may act on: items, or a consumer's free prefetch."""
+        if not self.dirty and self.consumers:
+            self.dirty = True
+            self._on_dirty(self)
+
+    # giving back
+
+    def requeue(self, items: list[QueueItem]) -> None:
+        """Put ``items`` back at the head, in their order: they are delivered next."""
+        if items:
+            self.ready.extendleft(reversed(items))
+            self.touch()
+
+    def failed(self, item: QueueItem) -> bool:
+        """A delivery of ``item`` ended in NACK or a lost consumer: True when the item goes
+        back to the queue, False when it was dead-lettered for passing the delivery limit."""
+        item.failures += 1
+        if item.failures >= self.settings.delivery_limit:
+            self.dead(item)
+            return False
+        self.stats.requeued += 1
+        return True
+
+    def dead(self, item: QueueItem) -> None:
+        """Move ``item`` to the dead-letter queue (its attempts carry on counting) or drop it."""
+        self.stats.dead_lettered += 1
+        dl = self.dead_letter
+        if dl is None or not dl.room():
+            self.stats.dropped += 1
+            return
+        item.failures = 0  # the dead-letter queue's own delivery limit starts afresh
+        dl.put(item)
+
+    # the deal (in the cycle)
+
+    def deal(self, on_dealt: Callable[[Any], None]) -> None:
+        """Hand waiting items to consumers with free prefetch, one each in rotation."""
+        ready = self.ready
+        consumers: deque[Consumer] = self.consumers
+        touched: list[Consumer] = []
+        misses = 0
+        n = len(consumers)
+        while ready and misses < n:
+            c = consumers[0]
+            consumers.rotate(-1)
+            if c.credit() > 0:
+                c.lane.append(ready.popleft())
+                if not c.dealt:
+                    c.dealt = True
+                    touched.append(c)
+                misses = 0
+            else:
+                misses += 1
+        for c in touched:
+            c.dealt = False
+            on_dealt(c)
+        if self.waiters:
+            free = self.settings.max_length - len(ready)
+            while self.waiters and free > 0:
+                self.waiters.popleft()()
+                free -= 1
+
+    def snapshot(self) -> QueueStats:
+        out = QueueStats(**{k: getattr(self.stats, k) for k in self.stats.__dataclass_fields__})
+        out.waiting = len(self.ready) + sum(len(c.lane) for c in self.consumers)
+        out.outstanding = sum(len(c.outstanding) for c in self.consumers)
+        out.consumers = len(self.consumers)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"<QueueTopic {self.name!r} #{self.number} waiting={len(self.ready)} "
+            f"consumers={len(self.consumers)}>"
+        )

@@ -1,0 +1,348 @@
+"""The rules of work-queue topics (protocol.md section 5), sans-IO on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from rubris_asgi.errors import ErrorCode, ProtocolError, QueueFull
+from rubris_asgi.protocol import Ack, Item, Mode, Subscribed, Unsubscribed, decode_frame
+from rubris_asgi.queues import CoDel, PrefetchEstimator
+
+from .queuekit import Simulation, ack, consumer, items, make_engine, revokes, run
+
+
+def test_subscribed_announces_a_queue_topic() -> None:
+    engine, _, q = make_engine()
+    s, sink, _ = consumer(engine, q)
+    run(engine)
+    (sub,) = [m for f in sink.take() for m in f if isinstance(m, Subscribed)]
+    assert (sub.topic, sub.mode, sub.name) == (q.number, Mode.QUEUE, "jobs.x")
+
+
+def test_items_are_dealt_in_rotation_and_never_to_two_consumers() -> None:
+    engine, _, q = make_engine()
+    consumers = [consumer(engine, q, prefetch=10) for _ in range(3)]
+    for i in range(9):
+        engine.enqueue(q, {"n": i})
+    run(engine)
+    got = [[m.payload for m in items(sink)] for _, sink, _ in consumers]
+    assert [len(g) for g in got] == [3, 3, 3]
+    everything = [p for g in got for p in g]
+    assert sorted(everything) == sorted({p for p in everything})  # no item twice
+    # rotation: consumer k gets items k, k+3, k+6
+    assert got[0] == [b'{"n":0}', b'{"n":3}', b'{"n":6}']
+
+
+def test_prefetch_is_honoured_and_an_ack_frees_room() -> None:
+    engine, _, q = make_engine()
+    s, sink, sub = consumer(engine, q, prefetch=3)
+    for i in range(10):
+        engine.enqueue(q, i)
+    run(engine)
+    first = items(sink)
+    assert [m.tag for m in first] == [1, 2, 3]
+    assert all(m.attempt == 1 for m in first)
+    run(engine)
+    assert items(sink) == []  # nothing more while three are unacknowledged
+    ack(engine, s, q, 1, 2)
+    run(engine)
+    assert [m.tag for m in items(sink)] == [4, 5]  # tags keep increasing
+    assert q.snapshot().outstanding == 3 and q.snapshot().acked == 2
+
+
+def test_channel_prefetch_applies_when_the_consumer_fixes_none() -> None:
+    engine, _, q = make_engine(prefetch=2)
+    _, sink, sub = consumer(engine, q)
+    for i in range(5):
+        engine.enqueue(q, i)
+    run(engine)
+    assert len(items(sink)) == 2 and sub.prefetch == 2
+
+
+def test_nack_with_requeue_goes_to_the_other_consumer_next() -> None:
+    engine, _, q = make_engine()
+    a, sink_a, _ = consumer(engine, q, prefetch=1)
+    b, sink_b, _ = consumer(engine, q, prefetch=1)
+    for i in range(3):
+        engine.enqueue(q, i)
+    run(engine)
+    (ia,) = items(sink_a)
+    (ib,) = items(sink_b)
+    engine.ack(b, Ack.items(q.number, (ib.tag,)))
+    engine.nack(a, q.number, ia.tag, True)
+    run(engine)
+    # b had room first and the given-back item is at the head: b gets it, second attempt
+    (again,) = items(sink_b)
+    assert again.payload == ia.payload and again.attempt == 2
+    # a, with room again, gets the next new item
+    (nxt,) = items(sink_a)
+    assert nxt.payload == b"2" and nxt.attempt == 1
+
+
+def test_a_lost_consumer_gives_its_items_to_the_others_with_attempt_2() -> None:
+    engine, _, q = make_engine()
+    a, sink_a, _ = consumer(engine, q, prefetch=5)
+    b, sink_b, _ = consumer(engine, q, prefetch=5)
+    for i in range(4):
+        engine.enqueue(q, i)
+    run(engine)
+    held_by_a = items(sink_a)
+    items(sink_b)
+    assert len(held_by_a) == 2
+    engine.detach(a)  # the connection is gone: no waiting for a resume
+    run(engine)
+    again = items(sink_b)
+    assert [m.payload for m in again] == [m.payload for m in held_by_a]
+    assert [m.attempt for m in again] == [2, 2]
+    assert q.snapshot().outstanding == 4 and q.snapshot().requeued == 2
+
+
+def test_a_resumed_consumer_starts_with_nothing_outstanding_and_old_acks_are_ignored() -> None:
+    engine, _, q = make_engine()
+    a, sink_a, sub = consumer(engine, q, prefetch=2)
+    engine.enqueue(q, "x")
+    run(engine)
+    (first,) = items(sink_a)
+    engine.detach(a)
+    assert sub.outstanding == {} and len(q.ready) == 1
+    engine.attach(a, sink_a)
+    run(engine)
+    (second,) = items(sink_a)
+    assert second.tag == first.tag + 1 and second.attempt == 2
+    ack(engine, a, q, first.tag)  # issued earlier, no longer outstanding: ignored
+    assert sub.outstanding.keys() == {second.tag} and q.stats.acked == 0
+
+
+def test_unsubscribe_gives_back_without_counting_a_failure() -> None:
+    engine, _, q = make_engine(delivery_limit=1)
+    a, sink_a, sub = consumer(engine, q, prefetch=2)
+    engine.enqueue(q, "x")
+    run(engine)
+    items(sink_a)
+    engine.unsubscribe(a, q.number)
+    run(engine)
+    assert any(isinstance(m, Unsubscribed) for f in sink_a.take() for m in f)
+    assert len(q.ready) == 1 and q.stats.dead_lettered == 0 and not q.consumers
+
+
+def test_closed_for_slowness_gives_back_at_once() -> None:
+    engine, _, q = make_engine()
+    a, sink_a, _ = consumer(engine, q, prefetch=2)
+    b, sink_b, _ = consumer(engine, q, prefetch=2)
+    engine.enqueue(q, "x")
+    run(engine)
+    holder, other = (a, sink_b) if items(sink_a) else (b, sink_a)
+    engine.close_session(holder, ErrorCode.SLOW_CONSUMER, "slow")
+    run(engine)
+    (again,) = items(other)
+    assert again.payload == b'"x"' and again.attempt == 2
+
+
+def test_delivery_limit_dead_letters_with_the_attempt_count() -> None:
+    engine, _, q = make_engine(delivery_limit=2, dead_letter="jobs.dead")
+    dead = engine.queues["jobs.dead"]
+    a, sink_a, _ = consumer(engine, q, prefetch=1)
+    d, sink_d, _ = consumer(engine, dead, prefetch=1)
+    engine.enqueue(q, "poison")
+    for _ in range(2):
+        run(engine)
+        (it,) = items(sink_a)
+        engine.nack(a, q.number, it.tag, True)
+    run(engine)
+    assert items(sink_a) == []
+    (dl,) = items(sink_d)
+    assert dl.payload == b'"poison"' and dl.attempt == 3  # two deliveries before, this is the 3rd
+    assert q.stats.dead_lettered == 1 and q.stats.dropped == 0
+
+
+def test_nack_without_requeue_dead_letters_or_drops() -> None:
+    engine, _, q = make_engine()  # no dead-letter queue: dropped and counted
+    a, sink_a, _ = consumer(engine, q, prefetch=1)
+    engine.enqueue(q, "x")
+    run(engine)
+    (it,) = items(sink_a)
+    engine.nack(a, q.number, it.tag, False)
+    run(engine)
+    assert items(sink_a) == [] and not q.ready
+    assert (q.stats.nacked, q.stats.dead_lettered, q.stats.dropped) == (1, 1, 1)
+
+
+def test_max_length_raises_queue_full_and_changes_nothing() -> None:
+    engine, _, q = make_engine(max_length=2)
+    engine.enqueue(q, 1)
+    engine.enqueue(q, 2)
+    with pytest.raises(QueueFull) as info:
+        engine.enqueue(q, 3)
+    assert info.value.code == ErrorCode.TOO_MANY and "jobs.x" in str(info.value)
+    assert len(q.ready) == 2 and q.stats.enqueued == 2
+
+
+def test_given_back_items_are_never_refused_at_max_length() -> None:
+    engine, _, q = make_engine(max_length=2)
+    a, sink_a, _ = consumer(engine, q, prefetch=2)
+    engine.enqueue(q, 1)
+    engine.enqueue(q, 2)
+    run(engine)
+    engine.enqueue(q, 3)
+    engine.enqueue(q, 4)
+    engine.detach(a)
+    assert len(q.ready) == 4  # nothing lost: max_length plus what the consumer held
+
+
+def test_ids_deduplicate_within_the_window() -> None:
+    engine, clock, q = make_engine()
+    assert engine.enqueue(q, "a", "job-1") is True
+    assert engine.enqueue(q, "again", "job-1") is False
+    assert len(q.ready) == 1 and q.stats.duplicates == 1
+    clock.advance(601)
+    assert engine.enqueue(q, "later", "job-1") is True
+
+
+def test_bad_tags() -> None:
+    engine, _, q = make_engine()
+    a, sink_a, sub = consumer(engine, q, prefetch=5)
+    b, sink_b, _ = consumer(engine, q, prefetch=5)
+    for i in range(4):
+        engine.enqueue(q, i)
+    run(engine)
+    mine = [m.tag for m in items(sink_a)]
+    assert mine == [1, 2]
+    # a tag never issued to this session: protocol error, and nothing acked before it
+    with pytest.raises(ProtocolError) as info:
+        ack(engine, a, q, 1, 3)
+    assert info.value.code == ErrorCode.PROTOCOL
+    with pytest.raises(ProtocolError):
+        engine.nack(a, q.number, 99, True)
+    assert sub.outstanding.keys() == {1, 2}
+    # a topic number the session does not hold: ignored
+    engine.ack(a, Ack.items(q.number + 1000, (1,)))
+    engine.nack(a, q.number + 1000, 1, True)
+    # malformed: the count does not match the tags
+    with pytest.raises(ProtocolError):
+        engine.ack(a, Ack(q.number, (3, 1)))
+    assert sub.outstanding.keys() == {1, 2}
+    # an acknowledgement of tag 1 by b acks b's own tag 1, never a's
+    ack(engine, b, q, 1)
+    assert sub.outstanding.keys() == {1, 2}
+
+
+def test_server_codel_revokes_what_a_stalled_consumer_holds() -> None:
+    engine, clock, q = make_engine()
+    a, sink_a, sub = consumer(engine, q, prefetch=10)
+    for i in range(6):
+        engine.enqueue(q, i)
+    run(engine)
+    held = items(sink_a)
+    assert len(held) == 6
+    b, sink_b, _ = consumer(engine, q, prefetch=10)
+    # never measured: an item may be out for the unmeasured allowance (1 s) before it is late
+    for _ in range(200):
+        clock.advance(0.005)
+        engine.queue_tick()
+    run(engine)
+    assert revokes(sink_a) == []
+    for _ in range(60):  # 1.3 s: late by 0.3 s, above target for more than an interval
+        clock.advance(0.005)
+        engine.queue_tick()
+    run(engine)
+    gone = revokes(sink_a)
+    assert gone and gone[0] == held[-1].tag  # the most recently delivered first
+    assert gone == sorted(gone, reverse=True)
+    moved = items(sink_b)  # b has room: everything revoked went to it
+    assert sorted(m.payload for m in moved) == sorted(m.payload for m in held if m.tag in gone)
+    assert all(m.attempt == 2 for m in moved)
+    # revoked items are not given back to the revoking consumer while it is in CoDel's drop state
+    assert items(sink_a) == []
+    # an ACK after REVOKE is ignored: the item is not acked twice
+    before = q.stats.acked
+    ack(engine, a, q, gone[0])
+    assert q.stats.acked == before and gone[0] not in sub.outstanding
+    assert q.stats.revoked == len(gone)
+
+
+def test_a_healthy_consumer_is_never_revoked_and_prefetch_converges() -> None:
+    # the source document's numbers: 50 ms each way, 4 ms an item -> 100 / 4 + 1 = 26
+    engine, clock, q = make_engine()
+    sim = Simulation(engine, clock)
+    c = sim.add(q, delay=0.050, work=0.004)
+    for i in range(2000):
+        engine.enqueue(q, i)
+    start = clock.now
+    sim.run_until(start + 3.0)
+    assert 25 <= c.sub.estimator.value <= 27, c.sub.estimator.value
+    assert q.stats.revoked == 0
+    # saturated once measured: in the last second the consumer worked more than 95 % of it
+    last = [t for _, t in c.done if t > start + 2.0]
+    assert len(last) * 0.004 > 0.95
+
+
+def test_prefetch_follows_a_slowdown_and_a_faster_network() -> None:
+    engine, clock, q = make_engine()
+    sim = Simulation(engine, clock)
+    c = sim.add(q, delay=0.050, work=0.004)
+    for i in range(5000):
+        engine.enqueue(q, i)
+    sim.run_until(clock.now + 2.0)
+    c.work = 0.040  # ten times slower: 100 / 40 + 1 -> 4
+    sim.run_until(clock.now + 3.0)
+    assert 3 <= c.sub.estimator.value <= 5, c.sub.estimator.value
+    c.work, c.delay = 0.004, 0.010  # faster again, on a faster network: 20 / 4 + 1 = 6
+    sim.run_until(clock.now + 25.0)  # the old round trip ages out of the window; a probe
+    assert 5 <= c.sub.estimator.value <= 8, c.sub.estimator.value
+
+
+def _slowdown(codel_target: float | None) -> tuple[float, int]:
+    """The source document's worst case: prefetch fixed at 51, then one consumer of two slows
+    from 4 to 40 ms an item. Returns the longest wait of an item in the slow consumer's buffer
+    after the slowdown and the items revoked; checks that no item was lost."""
+    engine, clock, q = make_engine(prefetch=51, codel_target=codel_target)
+    sim = Simulation(engine, clock)
+    slow = sim.add(q, delay=0.050, work=0.004)
+    sim.add(q, delay=0.050, work=0.004)
+    for i in range(3000):
+        engine.enqueue(q, i)
+    sim.run_until(clock.now + 1.0)
+    slow.work = 0.040
+    t = clock.now
+    sim.run_until(clock.now + 3.0)
+    worst = max(w for started, w in slow.waits if started > t + 0.5)
+    st = q.snapshot()
+    assert st.waiting + st.outstanding + st.acked == 3000 and st.dead_lettered == 0
+    return worst, q.stats.revoked
+
+
+def test_server_codel_moves_a_slowed_consumers_backlog_to_the_others() -> None:
+    worst_plain, revoked_plain = _slowdown(None)
+    worst_codel, revoked_codel = _slowdown(0.020)
+    assert revoked_plain == 0 and revoked_codel > 20
+    assert worst_plain > 1.5  # ~50 items x 40 ms ahead of each new one
+    assert worst_codel < worst_plain / 2
+
+
+def test_estimator_waits_for_measurements() -> None:
+    est = PrefetchEstimator(initial=4, maximum=1000, window=10.0)
+    assert est.limit == 4 and est.round_trip is None
+    est.on_ack(1.104, [1.0])  # first ACK: a sojourn, no processing time yet
+    assert est.value == 4 and est.round_trip == pytest.approx(0.104)  # no processing time yet
+    est.on_ack(1.108, [1.0])  # sent before the previous ACK less a round trip: busy
+    assert est.processing == pytest.approx(0.004)
+    assert est.value == 26
+
+
+def test_codel_stops_dropping_when_the_sojourn_falls() -> None:
+    c = CoDel(0.020, 0.100)
+    assert not c.should_drop(0.030, 0.0)
+    assert c.should_drop(0.030, 0.100)
+    assert c.dropping
+    assert not c.should_drop(0.010, 0.150)
+    assert not c.dropping
+
+
+def test_frames_carry_at_most_batch_items() -> None:
+    engine, _, q = make_engine(batch=4)
+    _, sink, _ = consumer(engine, q, prefetch=10)
+    for i in range(10):
+        engine.enqueue(q, i)
+    run(engine)
+    per_frame = [sum(isinstance(m, Item) for m in decode_frame(f)) for f in sink.frames]
+    assert max(per_frame) == 4 and sum(per_frame) == 10

@@ -1,10 +1,13 @@
-"""The HTTP API for publishers outside the process (protocol.md section 8b).
+"""The HTTP API for publishers and work producers outside the process (protocol.md section 8b).
 
 ``POST {mount}/api/publish`` takes one entry ``{"topic": name, "data": value}`` or a list of
-them as JSON, or one entry a line as NDJSON, and hands them to the intake. A request is all or
-nothing: every entry is checked (shape, topic, codec, size, authorisation) before any is taken,
-and the intake takes the whole request or answers 429. Every answer, errors included, carries
-``Rubris-Fill``, the intake's fill, which publishers pace themselves by (ratelimit.py).
+them as JSON, or one entry a line as NDJSON, and hands them to the intake. ``POST
+{mount}/api/enqueue`` takes the same shape, each entry with an optional ``"id"`` (the producer's
+idempotency key), and adds work items to queue topics. A request is all or nothing: every entry
+is checked (shape, topic, codec, size, authorisation) before any is taken, and the intake (or
+every queue named) takes the whole request or answers 429. Every answer, errors included,
+carries ``Rubris-Fill``, which publishers pace themselves by (ratelimit.py): the intake's fill,
+and for ``enqueue`` the fullest queue's fill when that is higher.
 
 The API is off unless the application configures who may use it: a bearer token
 (``Rubris(api_token=...)``: 401 without it), an authorisation hook
@@ -30,7 +33,8 @@ from .channels import Channel, Registry
 from .config import Config
 from .engine import Engine
 from .errors import MessageTooLarge, ProtocolError, Reject
-from .protocol import Codec
+from .protocol import Codec, Mode
+from .queues import QueueTopic
 
 AuthorizeApi = Callable[[Request, str], "bool | Awaitable[bool]"]
 
@@ -41,6 +45,9 @@ RETRY_AFTER = 1
 _JSON = "application/json"
 _NDJSON = "application/x-ndjson"
 _PUBLISH_KEYS = frozenset({"topic", "data", "data_b64"})
+_ENQUEUE_KEYS = frozenset({"topic", "data", "data_b64", "id", "batch_item"})
+MAX_ID = 256
+"""Bytes in an item id at most."""
 
 
 class _Refusal(Exception):
@@ -80,7 +87,10 @@ class HttpApi:
     def routes(self) -> list[BaseRoute]:
         if not self.enabled:
             return []  # off: the paths do not exist (404)
-        return [Route("/api/publish", self.publish, methods=["POST"])]
+        return [
+            Route("/api/publish", self.publish, methods=["POST"]),
+            Route("/api/enqueue", self.enqueue, methods=["POST"]),
+        ]
 
     # the endpoint
 
@@ -95,10 +105,10 @@ class HttpApi:
             body = await self._body(request)
             entries = self._parse(request.headers.get("content-type", ""), body)
             channels: dict[str, Channel | None] = {}  # per request: a name is matched once
-            staged = [self._stage(index, entry, channels) for index, entry in entries]
+            staged = [self._stage(index, entry, channels, False) for index, entry in entries]
             await self._check_authorised(request, staged)
             engine = self.engine
-            items = [(engine.topic_of(name, ch), payload) for _i, name, ch, payload in staged]
+            items = [(engine.topic_of(name, ch), payload) for _i, name, ch, payload, _ in staged]
         except _Refusal as r:
             return self._refusal(r)
         except ProtocolError as exc:  # too many topics on this server
@@ -106,6 +116,39 @@ class HttpApi:
         if not engine.offer(items):
             return self._full(len(items))
         return self._answer({"accepted": len(items), "duplicates": 0})
+
+    async def enqueue(self, request: Request) -> Response:
+        """POST {mount}/api/enqueue."""
+        queues: list[QueueTopic] = []
+        try:
+            if not self.accepting:
+                raise _Refusal(503, "server shutting down")
+            self._check_token(request)
+            body = await self._body(request)
+            entries = self._parse(request.headers.get("content-type", ""), body)
+            channels: dict[str, Channel | None] = {}
+            staged = [self._stage(index, entry, channels, True) for index, entry in entries]
+            await self._check_authorised(request, staged)
+            engine = self.engine
+            items = [
+                (engine.queue_of(name, ch, self.registry), payload, item_id)
+                for _i, name, ch, payload, item_id in staged
+            ]
+            queues = list({q.number: q for q, _p, _id in items}.values())
+        except _Refusal as r:
+            return self._refusal(r, queues)
+        except ProtocolError as exc:  # too many topics on this server
+            return self._refusal(_Refusal(503, str(exc)), queues)
+        duplicates = engine.offer_items(items)
+        if duplicates is None:
+            full = [q.name for q in queues if not q.room()] or [q.name for q in queues]
+            return self._answer(
+                {"error": f"queue {full[0]!r} cannot take the request's items now"},
+                429,
+                {"Retry-After": str(RETRY_AFTER)},
+                queues,
+            )
+        return self._answer({"accepted": len(items), "duplicates": duplicates}, queues=queues)
 
     def _full(self, n: int | None = None) -> Response:
         what = f"{n} messages" if n is not None else "more messages"
@@ -162,12 +205,12 @@ class HttpApi:
         raise _Refusal(400, "the body must be an entry or a non-empty list of entries")
 
     def _stage(
-        self, index: int, entry: Any, channels: dict[str, Channel | None]
-    ) -> tuple[int, str, Channel, bytes]:
-        """One entry checked and encoded: (index, topic, channel, payload)."""
+        self, index: int, entry: Any, channels: dict[str, Channel | None], queue: bool
+    ) -> tuple[int, str, Channel, bytes, str | None]:
+        """One entry checked and encoded: (index, topic, channel, payload, item id)."""
         if not isinstance(entry, dict):
             raise _Refusal(400, f"an entry must be an object, got {_json_type(entry)}", index)
-        extra = entry.keys() - _PUBLISH_KEYS
+        extra = entry.keys() - (_ENQUEUE_KEYS if queue else _PUBLISH_KEYS)
         if extra:
             raise _Refusal(400, f"unknown field {sorted(extra)[0]!r}", index)
         name = entry.get("topic")
@@ -179,24 +222,38 @@ class HttpApi:
             ch = channels[name]
         else:
             found = self.registry.match(name)
-            ch = channels[name] = found[0] if found is not None and found[0].shared else None
+            wanted = found is not None and (
+                found[0].mode == Mode.QUEUE if queue else found[0].shared
+            )
+            ch = channels[name] = found[0] if found is not None and wanted else None
         if ch is None:
-            raise _Refusal(404, f"no shared channel offers the topic {name!r}", index)
+            kind = "queue" if queue else "shared"
+            raise _Refusal(404, f"no {kind} channel offers the topic {name!r}", index)
+        item_id = entry.get("id")
+        if item_id is not None and (
+            not isinstance(item_id, str) or not item_id or len(item_id.encode()) > MAX_ID
+        ):
+            raise _Refusal(400, f"id must be a non-empty string of at most {MAX_ID} bytes", index)
+        if entry.get("batch_item") is not None:
+            raise _Refusal(400, "batch_item: batch tracking is not offered by this server", index)
         payload = _payload(ch.codec, entry, index)
         try:
-            self.engine.check_payload(len(payload))
+            if queue:
+                self.engine.check_item(len(payload))
+            else:
+                self.engine.check_payload(len(payload))
         except MessageTooLarge as exc:
             raise _Refusal(400, str(exc), index) from None
-        return index, name, ch, payload
+        return index, name, ch, payload, item_id
 
     async def _check_authorised(
-        self, request: Request, staged: list[tuple[int, str, Channel, bytes]]
+        self, request: Request, staged: list[tuple[int, str, Channel, bytes, str | None]]
     ) -> None:
         authorize = self._authorize
         if authorize is None:
             return
         asked: set[str] = set()
-        for index, name, _ch, _payload in staged:
+        for index, name, _ch, _payload, _id in staged:
             if name in asked:
                 continue
             asked.add(name)
@@ -212,17 +269,23 @@ class HttpApi:
     # answers
 
     def _answer(
-        self, body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+        self,
+        body: dict[str, Any],
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+        queues: list[QueueTopic] | None = None,
     ) -> Response:
         fill = self.engine.intake.fill
+        for q in queues or ():
+            fill = max(fill, min(100, len(q.ready) * 100 // q.settings.max_length))
         body["fill"] = fill
         all_headers = {FILL_HEADER: str(fill), **(headers or {})}
         return Response(orjson.dumps(body), status, all_headers, media_type=_JSON)
 
-    def _refusal(self, r: _Refusal) -> Response:
+    def _refusal(self, r: _Refusal, queues: list[QueueTopic] | None = None) -> Response:
         body: dict[str, Any] = {"error": r.error, "index": r.index}
         headers = {"WWW-Authenticate": "Bearer"} if r.status == 401 else None
-        return self._answer(body, r.status, headers)
+        return self._answer(body, r.status, headers, queues)
 
 
 def _payload(codec: int, entry: dict[str, Any], index: int) -> bytes:

@@ -179,6 +179,7 @@ class Dispatcher:
                 payload = inflate(payload, self.config.limits.max_inflated, self.decompressor)
             payload = _checked_payload(ch.codec, payload)
             if ch.mode == Mode.QUEUE:  # an item, straight into its queue (O(1), bounded)
+                e.check_item(len(payload))
                 e.enqueue(e.queue_of(m.name, ch, self.registry), payload)
                 return
             e.check_payload(len(payload))

@@ -40,6 +40,9 @@ from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
 from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
 
+ITEM_HEADER = 48
+"""An ITEM's bytes besides its payload, at most: kind, length, topic, tag, attempt."""
+
 
 def new_epoch() -> int:
     """A fresh epoch: random, so numbering from a restarted server is never mistaken."""
@@ -424,7 +427,7 @@ class Engine:
         """A new item for ``q``: encoded and compressed once. Raises ``MessageTooLarge``."""
         payload = encode_payload(value, q.codec)
         data, compressed = self.compression.maybe_compress(payload, q.compress_at)
-        self.pool.check_size(len(data) + 40)  # the ITEM header: topic, tag, attempt
+        self.check_item(len(data))
         return QueueItem(data, compressed, item_id, self.clock())
 
     def enqueue(self, q: QueueTopic, value: Any, item_id: str | None = None) -> bool:
@@ -437,6 +440,38 @@ class Engine:
             return False
         q.put(item)
         return True
+
+    def check_item(self, size: int) -> None:
+        """Raise ``MessageTooLarge`` for a queue item of ``size`` bytes no frame could carry."""
+        self.pool.check_size(size + ITEM_HEADER)
+
+    def offer_items(self, entries: list[tuple[QueueTopic, bytes, str | None]]) -> int | None:
+        """Enqueue encoded items from outside the process, all of them or none.
+
+        Items whose id a queue saw within its dedup window (or earlier in ``entries``) are not
+        enqueued again. Returns how many were such duplicates, or None (nothing taken) when a
+        queue has no room for its new items. Payload sizes were checked by the caller.
+        """
+        now = self.clock()
+        fresh: dict[QueueTopic, int] = {}
+        seen: set[tuple[int, str]] = set()
+        for q, _payload, item_id in entries:
+            if item_id is not None:
+                key = (q.number, item_id)
+                if key in seen or q.ids.check(item_id, now):
+                    continue
+                seen.add(key)
+            fresh[q] = fresh.get(q, 0) + 1
+        if not all(q.room(n) for q, n in fresh.items()):
+            return None
+        duplicates = 0
+        for q, payload, item_id in entries:
+            if q.duplicate(item_id, now):
+                duplicates += 1
+                continue
+            data, compressed = self.compression.maybe_compress(payload, q.compress_at)
+            q.put(QueueItem(data, compressed, item_id, now))
+        return duplicates
 
     def subscribe_queue(
         self, s: Session, q: QueueTopic, req: int, prefetch: int | None = None

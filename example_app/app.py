@@ -5,6 +5,11 @@ Channels:
     trades            ring of 128: every trade printed
     book.{symbol}     snapshot: a 50-level order book (large JSON, sent deflated)
     fills             private: this session's own fills, lossless
+    reprice           work queue: "reprice" jobs, worked by ``python -m example_app.worker``
+                      processes (competing consumers)
+    reprice.failed    work queue: jobs that failed three times (dead letters)
+    reprice.results   ring of 64: what each worker computed (workers PUBLISH here)
+    reprice.stats     snapshot: the queue's counters, once a second
 RPC: symbols, place_order, history (streamed).
 HTTP API: POST /rubris/api/publish with the bearer token API_TOKEN (RUBRIS_API_TOKEN, or a
 random one printed at start): another program can print trades on the tape.
@@ -58,6 +63,46 @@ async def book(session: Session, symbol: str) -> dict[str, object]:
 @rubris.private("fills", queue=256, batch=8)
 async def fills(session: Session) -> None:
     return None
+
+
+@rubris.queue("reprice", max_length=1000, delivery_limit=3, dead_letter="reprice.failed")
+async def reprice(session: Session) -> None:
+    return None
+
+
+@rubris.queue("reprice.failed")
+async def reprice_failed(session: Session) -> None:
+    return None
+
+
+@rubris.shared("reprice.results", ring=64, client_publish=True)
+async def reprice_results(session: Session) -> None:
+    return None
+
+
+@rubris.shared("reprice.stats", snapshot=True)
+async def reprice_stats(session: Session) -> dict[str, int]:
+    return _queue_stats()
+
+
+def _queue_stats() -> dict[str, int]:
+    try:
+        st = rubris.queue_stats("reprice")
+    except KeyError:  # no job enqueued yet
+        return {"waiting": 0, "outstanding": 0, "consumers": 0, "acked": 0, "revoked": 0}
+    return {
+        "waiting": st.waiting,
+        "outstanding": st.outstanding,
+        "consumers": st.consumers,
+        "acked": st.acked,
+        "nacked": st.nacked,
+        "revoked": st.revoked,
+        "dead_lettered": st.dead_lettered,
+    }
+
+
+REPRICE_BACKLOG = 40
+"""The simulator stops adding jobs while this many wait: nobody working means no pile-up."""
 
 
 @rubris.rpc("symbols")
@@ -116,6 +161,12 @@ async def simulate(tick: float = 0.1) -> None:
                 name = f"book.{sym}"
                 if rubris.has_subscribers(name):
                     rubris.publish(name, market.book(sym))
+        if n % 2 == 0 and _queue_stats()["waiting"] < REPRICE_BACKLOG:
+            sym = rng.choice(syms)
+            job = {"job": n // 2, "symbol": sym, "last": market.quotes[sym].last}
+            rubris.enqueue("reprice", job, id=f"job-{n // 2}")
+        if n % 10 == 0:
+            rubris.publish("reprice.stats", _queue_stats())
 
 
 @contextlib.asynccontextmanager

@@ -37,3 +37,17 @@ def test_publishing_example_runs() -> None:
     assert "trades.AAPL #1: {'px': 189.1, 'via': 'HTTP'}" in out
     assert "trades.AAPL #4: {'px': 191.2, 'via': 'Publisher'}" in out
     assert "trades.MSFT #3: {'px': 412, 'via': 'SyncPublisher'}" in out
+
+
+def test_queues_example_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "examples" / "queues.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "HTTP answer: 200 {'accepted': 11, 'duplicates': 1, 'fill': 0}" in out
+    assert "dead letter: {'image': 'corrupt.png'} on attempt 4" in out
+    assert "done 20 jobs, each once: True" in out
+    assert "enqueued 21, duplicates 1, acked 20, nacked 3, dead-lettered 1" in out

@@ -41,6 +41,20 @@ def test_table_defaults_match_the_code(cls: type) -> None:
         assert _number(_row(f.name)) == pytest.approx(float(f.default)), f.name  # type: ignore[arg-type]
 
 
+def test_queue_settings_are_documented_with_their_defaults() -> None:
+    from rubris_asgi.queues import QueueSettings
+
+    for f in fields(QueueSettings):
+        cell = _row(f.name)
+        if f.default is None:
+            assert cell == "None", f.name
+            continue
+        value = _number(cell)
+        if cell.endswith("ms"):
+            value /= 1000
+        assert value == pytest.approx(float(f.default)), f.name  # type: ignore[arg-type]
+
+
 def test_pool_and_flow_numbers_match_the_code() -> None:
     p = PoolConfig()
     assert f"`block_size` = {p.block_size // 1024} KiB" in DOC

@@ -1,4 +1,4 @@
-"""The asyncio client: subscribe, call and publish over WebSocket or HTTP long-poll.
+"""The asyncio client: subscribe, consume, call and publish over WebSocket or HTTP long-poll.
 
 One :class:`Client` holds one session with a rubris server mounted at ``url`` (the mount URL,
 e.g. ``http://127.0.0.1:8000/rubris``; the WebSocket endpoint ``{mount}/ws`` and the long-poll
@@ -22,39 +22,72 @@ Example (against a running server)::
 
     asyncio.run(main())
 
+The API, on :class:`Client`::
+
+    await client.connect() / close()      or   async with Client(url) as client: ...
+    sub = await client.subscribe(name, callback=None, *, params=None, on_gap=None)
+    await client.unsubscribe(sub)
+    consumer = await client.consume(name, handler=None, *, prefetch=None,
+                                    codel_target=0.020, codel_interval=0.100)
+    await client.call(method, args=None, *, timeout=30)     async for x in client.stream(...)
+    await client.publish(name, value)   await client.ping()   await client.send_nak(fill)
+    client.state, client.stats, client.session_id, client.resumed, client.rejections
+
+Queue topics (mode 4) are consumed, not subscribed: :meth:`Client.consume` returns a
+:class:`Consumer`, an async iterator of :class:`QueueItem` (``item.value``, ``.tag``,
+``.attempt``, ``.topic``, ``.received``), each settled once with ``item.ack()`` or
+``item.nack(requeue=True)``; or, given a handler, hands the items to it one at a time in a task
+of its own, ACKing each when the handler returns and NACKing it (requeue) when it raises.
+``await consumer.close()`` unsubscribes; the server takes back what was not acknowledged. ACKs
+made in one event-loop turn go out together at its end; a local CoDel gives back items that
+waited too long in the consumer's buffer; REVOKE drops items not yet taken; an item of a lost
+connection is never acknowledged. :mod:`rubris_asgi.client.consumer` tells the whole of it.
+``subscribe()`` on a queue topic, or ``consume()`` on another, raises
+:class:`SubscribeRejected` with code 0.
+
 How it runs: :meth:`Client.connect` starts one supervisor task that opens a connection, sends
 HELLO and waits for WELCOME; then, per connection, one reader task (frames strictly in order;
 on long-poll the reader *is* the poll loop), one writer task (client frames in order; on
 long-poll one POST at a time, its 202 awaited), an ACK timer and, on WebSocket, a heartbeat.
 When the connection drops the supervisor reconnects with exponential backoff and resumes the
 session with the token of the last WELCOME; when the server could not resume it, every live
-subscription is subscribed again (ring and snapshot topics with ``epoch``/``since``, so a ring
-replays what the client missed) and the calls in flight fail with :class:`ConnectionLost`.
+subscription and consumer is subscribed again (ring and snapshot topics with ``epoch``/``since``,
+so a ring replays what the client missed; consumers with the same ``prefetch``) and the calls in
+flight fail with :class:`ConnectionLost`. Queue items held when a connection drops are the
+server's again, resumed or not: a consumer's buffer is emptied then.
 :meth:`Client.close` cancels every task the client started and waits for them.
 
 Subscription callbacks, sync or async, run inside the reader, one after the other in the order
 of the wire: a callback must not wait for something only a later frame brings (``await
-client.call(...)`` inside a callback waits for ever); start a task for that instead.
+client.call(...)`` inside a callback waits for ever); start a task for that instead. A
+consumer's handler is different: it runs in a task of its own (one per consumer), so the reader
+goes on reading (and sees a REVOKE) while it works, and it may await anything.
 
 Everything is bounded: client messages wait for room in a 10 000-message outbox, a subscription
 without a callback keeps at most 10 000 values (the oldest is dropped and counted in
-``stats.dropped``; NAK tells the server at 50, 75, 87 and 100 %), and a streamed reply that is
-not consumed pushes back on the reader.
+``stats.dropped``; NAK tells the server at 50, 75, 87 and 100 %), a consumer's buffer keeps at
+most 10 000 items (the server's prefetch keeps it far lower; an item past it is given back at
+once and counted in ``stats.overflowed``), and a streamed reply that is not consumed pushes
+back on the reader.
 
 Exceptions (all :class:`~rubris_asgi.errors.RubrisError`)::
 
     ConnectionLost       the connection or session is gone (also a builtin ConnectionError)
     CallError            a call answered with an error: .code, .message
-    SubscribeRejected    SUBSCRIBE answered with REJECTED: .code, .reason
-    SubscriptionEnded    the subscription is over (unsubscribed, or ended by the server)
+    SubscribeRejected    SUBSCRIBE answered with REJECTED: .code, .reason (code 0: the topic is
+                         of the other kind: a queue for subscribe(), not one for consume())
+    SubscriptionEnded    the subscription or consumer is over (unsubscribed, or ended by the
+                         server)
     ProtocolError        the server sent something malformed (the client closes)
 """
 
 from __future__ import annotations
 
+from .consumer import Consumer, QueueItem
 from .core import Client, ClientStats, Rejection, State
 from .errors import CallError, ConnectionLost, SubscribeRejected, SubscriptionEnded
 from .outbox import OUTBOX_SIZE as OUTBOX_SIZE
+from .stats import ConsumerStats
 from .subscription import GAPS_KEPT as GAPS_KEPT
 from .subscription import NAK_LEVELS as NAK_LEVELS
 from .subscription import QUEUE_SIZE as QUEUE_SIZE
@@ -65,8 +98,11 @@ __all__ = [
     "Client",
     "ClientStats",
     "ConnectionLost",
+    "Consumer",
+    "ConsumerStats",
     "GapInfo",
     "PushInfo",
+    "QueueItem",
     "Rejection",
     "SubscribeRejected",
     "Subscription",

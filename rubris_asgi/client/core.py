@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import logging
 import random
+import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
@@ -36,8 +37,10 @@ from ..protocol import (
     encode,
     iter_messages,
 )
+from ..queues.codel import CoDel
 from ..ratelimit import RateLimiter
 from .concurrency import _within
+from .consumer import Consumer, QueueItem, _Settler
 from .errors import (
     SubscriptionEnded,
     _Bye,
@@ -50,7 +53,7 @@ from .links import _endpoints, _Link, _LongPollLink, _WebSocketLink
 from .outbox import _Outbox
 from .payloads import _dumps
 from .stats import ClientStats
-from .subscription import GapInfo, PushInfo, Subscription, _StreamBox
+from .subscription import GapInfo, PushInfo, Subscription, _StreamBox, _Topic
 
 __all__ = ["Client", "ClientStats", "Rejection", "State"]
 
@@ -81,6 +84,8 @@ class Client(_ServerMessages):
         open_timeout: seconds for a connection attempt to reach WELCOME.
         poll_timeout: the read timeout of a long-poll GET (above the server's poll timeout).
         http_transport: an ``httpx`` transport for long-poll (e.g. ``httpx.MockTransport``).
+        clock: the monotonic clock of ``QueueItem.received`` and client-side CoDel, in seconds
+            (default ``time.monotonic``; tests pass one they move by hand).
 
     ``state`` is ``"connecting"``, ``"open"``, ``"reconnecting"`` or ``"closed"``; ``error``
     is what closed the client when it was not :meth:`close`.
@@ -102,6 +107,7 @@ class Client(_ServerMessages):
         open_timeout: float = 10.0,
         poll_timeout: float = 60.0,
         http_transport: httpx.AsyncBaseTransport | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if transport not in ("websocket", "longpoll"):
             raise ValueError(f"transport: expected 'websocket' or 'longpoll', got {transport!r}")
@@ -124,6 +130,7 @@ class Client(_ServerMessages):
         self.open_timeout = open_timeout
         self.poll_timeout = poll_timeout
         self._http_transport = http_transport
+        self._clock: Callable[[], float] = clock or time.monotonic
 
         self.state: State = "closed"
         self.session_id: str | None = None
@@ -151,9 +158,11 @@ class Client(_ServerMessages):
         self._reqs = itertools.count(1)
         self._call_ids = itertools.count(1)
         self._tokens = itertools.count(1)
-        self._subs: dict[Subscription, None] = {}  # live subscriptions, in subscribe order
-        self._topics: dict[int, Subscription] = {}
-        self._sub_reqs: dict[int, Subscription] = {}
+        self._subs: dict[_Topic, None] = {}  # live subscriptions and consumers, in order
+        self._topics: dict[int, _Topic] = {}
+        self._sub_reqs: dict[int, _Topic] = {}
+        self._settler = _Settler(self._control)  # queue ACKs and NACKs; numbers connections
+        self._workers: set[asyncio.Task[None]] = set()  # consumers' handler tasks
         self._pub_reqs: OrderedDict[int, str] = OrderedDict()
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, _StreamBox] = {}
@@ -192,7 +201,9 @@ class Client(_ServerMessages):
         """Close the connection and cancel every task the client started (waiting for them).
 
         Calls, pings and streams still waiting fail with :class:`ConnectionLost`; subscriptions
-        end. Safe to call twice, and from a callback (then it does not wait).
+        and consumers end, and consumers' handlers are cancelled (the server takes back the items
+        not acknowledged: to finish the item in hand first, ``await consumer.close()`` before).
+        Safe to call twice, and from a callback or handler (then it does not wait for that one).
         """
         self._closing = True
         runner = self._runner
@@ -206,6 +217,10 @@ class Client(_ServerMessages):
                     await asyncio.wait({runner}, timeout=5)
                     runner.cancel()
         self._finish(None)
+        me = asyncio.current_task()
+        workers = [t for t in self._workers if t is not me]
+        if workers:  # consumers' handlers, cancelled by _finish
+            await asyncio.wait(workers)
 
     async def __aenter__(self) -> Client:
         await self.connect()
@@ -254,18 +269,77 @@ class Client(_ServerMessages):
             RubrisError: this client already holds a subscription to ``name``.
             ConnectionLost: the client closed first.
         """
+        self._check_free(name)
+        body = b"" if params is None else orjson.dumps(params)
+        sub = Subscription(self.stats, name, callback, body, on_gap)
+        await self._subscribe(sub)
+        return sub
+
+    async def consume(
+        self,
+        name: str,
+        handler: Callable[[QueueItem], Any] | None = None,
+        *,
+        prefetch: int | None = None,
+        codel_target: float | None = 0.020,
+        codel_interval: float = 0.100,
+    ) -> Consumer:
+        """Consume the queue topic ``name`` (one of its competing consumers); wait for SUBSCRIBED.
+
+        Without ``handler``, iterate the returned :class:`Consumer` and settle each
+        :class:`QueueItem` with ``item.ack()`` or ``item.nack()``. With one, ``handler(item)``
+        (sync or async) gets the items one at a time, in its own task; the item is ACKed when
+        it returns and NACKed with requeue when it raises (unless it settled the item itself).
+        See :mod:`rubris_asgi.client.consumer` for batching, CoDel, REVOKE and reconnects.
+
+        Args:
+            prefetch: the most unacknowledged items the server may hand this consumer (sent as
+                SUBSCRIBE params ``{"prefetch": n}``; the server refuses one over its maximum);
+                None lets the server size it from the round trip and processing time.
+            codel_target: client-side CoDel's target sojourn in the local buffer, seconds (None
+                turns client-side CoDel off) ...
+            codel_interval: ... and its interval: about the worst processing time of one item.
+
+        Raises:
+            SubscribeRejected: the server refused (code 0: ``name`` is not a queue topic).
+            RubrisError: this client already holds a subscription to ``name``.
+            ConnectionLost: the client closed first.
+            ValueError: ``prefetch`` below 1, or CoDel settings not above 0.
+        """
+        if prefetch is not None and prefetch < 1:
+            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
+        codel = None if codel_target is None else CoDel(codel_target, codel_interval)
+        self._check_free(name)
+        body = b"" if prefetch is None else orjson.dumps({"prefetch": prefetch})
+        consumer = Consumer(
+            self.stats,
+            name,
+            handler,
+            body,
+            prefetch,
+            codel,
+            self._settler,
+            self._clock,
+            self._leave,
+        )
+        await self._subscribe(consumer)
+        if handler is not None:
+            consumer._start(self._workers)
+        return consumer
+
+    def _check_free(self, name: str) -> None:
         for s in self._subs:
             if s.name == name and s._wanted:
                 raise RubrisError(f"already subscribed to {name!r}; unsubscribe first")
-        body = b"" if params is None else orjson.dumps(params)
-        sub = Subscription(self.stats, name, callback, body, on_gap)
+
+    async def _subscribe(self, sub: _Topic) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         sub._pending = fut
         req = next(self._reqs)
         self._subs[sub] = None
         self._sub_reqs[req] = sub
         try:
-            await self._send(Subscribe(req, name, 0, 0, body))
+            await self._send(Subscribe(req, sub.name, 0, 0, sub._params))
             await fut
         except BaseException:
             sub._pending = None
@@ -273,23 +347,33 @@ class Client(_ServerMessages):
             if not sub.active:
                 self._subs.pop(sub, None)
             raise
-        return sub
 
-    async def unsubscribe(self, sub: Subscription) -> None:
-        """Unsubscribe and wait for UNSUBSCRIBED (or the end of the session)."""
+    async def unsubscribe(self, sub: Subscription | Consumer) -> None:
+        """Unsubscribe and wait for UNSUBSCRIBED (or the end of the session).
+
+        For a :class:`Consumer` this is :meth:`Consumer.close`.
+        """
         if sub._stats is not self.stats:  # each client has its own, for good
             raise ValueError("this subscription belongs to another client")
-        if sub.ended:
-            return
+        if isinstance(sub, Consumer):
+            await sub.close()
+        elif not sub.ended:
+            await asyncio.shield(self._leave(sub))
+
+    def _leave(self, sub: _Topic) -> asyncio.Future[None]:
+        """Send UNSUBSCRIBE (once); the future is done at UNSUBSCRIBED or the end."""
         if sub._unsub is None:
             sub._unsub = asyncio.get_running_loop().create_future()
         fut = sub._unsub
-        if sub._wanted:
+        if sub.ended:
+            if not fut.done():
+                fut.set_result(None)
+        elif sub._wanted:
             sub._wanted = False
             if sub.active:
-                await self._send(Unsubscribe(sub.topic))
+                self._control(Unsubscribe(sub.topic))
             # else a (re-)SUBSCRIBE is in flight: its SUBSCRIBED is answered with UNSUBSCRIBE
-        await fut
+        return fut
 
     async def call(self, method: str, args: Any = None, *, timeout: float | None = 30) -> Any:
         """Call ``method`` with ``args`` (JSON) and return its result.
@@ -389,7 +473,8 @@ class Client(_ServerMessages):
     def _flush_acks(self) -> None:
         for sub in self._topics.values():
             if (
-                sub.mode == Mode.PRIVATE
+                isinstance(sub, Subscription)
+                and sub.mode == Mode.PRIVATE
                 and sub.last_seq
                 and (sub.last_seq > sub._acked or sub._ack_due)
             ):
@@ -521,11 +606,14 @@ class Client(_ServerMessages):
                 sub._end(SubscriptionEnded(0, "unsubscribed"))
                 continue
             epoch = since = 0
-            if sub.mode in (Mode.RING, Mode.SNAPSHOT) and sub.epoch:
-                epoch, since = sub.epoch, sub.last_seq
-            elif sub.mode in (Mode.PRIVATE, Mode.QUEUE):
-                sub.last_seq = sub._acked = sub._unacked = 0
-                sub._ack_due = False
+            if isinstance(sub, Subscription):
+                if sub.mode in (Mode.RING, Mode.SNAPSHOT) and sub.epoch:
+                    epoch, since = sub.epoch, sub.last_seq
+                elif sub.mode == Mode.PRIVATE:
+                    sub.last_seq = sub._acked = sub._unacked = 0
+                    sub._ack_due = False
+            # a Consumer asks afresh with the same params (its prefetch); the server took back
+            # what it held when the connection was lost, and _connection_lost emptied its buffer
             req = next(self._reqs)
             self._sub_reqs[req] = sub
             msg = Subscribe(req, sub.name, epoch, since, sub._params)
@@ -560,6 +648,8 @@ class Client(_ServerMessages):
                 sub._end(_lost(message, cause))
             else:
                 sub._end(SubscriptionEnded(0, "the client is closed"))
+            if isinstance(sub, Consumer):
+                sub._cancel()
         self._subs.clear()
         self._topics.clear()
         self._sub_reqs.clear()
@@ -589,11 +679,26 @@ class Client(_ServerMessages):
             await asyncio.gather(*tasks, return_exceptions=True)
             self._conn_tasks = []
             self._link = None
+            self._connection_lost()
         for t in done:
             exc = t.exception()
             if exc is not None:
                 raise exc
         raise _Lost("the connection ended")
+
+    def _connection_lost(self) -> None:
+        """The server takes back every queue item outstanding on a lost connection (even when
+        the session is resumed): forget them, and any ACK or NACK of them not sent yet."""
+        self._settler.new_connection()
+        queues = set()
+        for number, sub in self._topics.items():
+            if isinstance(sub, Consumer):
+                queues.add(number)
+                sub._connection_lost()
+        if queues:
+            self._outbox.discard_where(
+                lambda msg: isinstance(msg, Nack) or (isinstance(msg, Ack) and msg.topic in queues)
+            )
 
     # ------------------------------------------------------------------ connection tasks
 

@@ -21,7 +21,11 @@ class CallError(RubrisError):
 
 
 class SubscribeRejected(RubrisError):
-    """SUBSCRIBE was answered with REJECTED: ``code`` and the server's ``reason``."""
+    """SUBSCRIBE was answered with REJECTED: ``code`` and the server's ``reason``.
+
+    ``code`` 0: the client refused the topic itself, because it is of the other kind
+    (``subscribe()`` of a queue topic, ``consume()`` of one that is not).
+    """
 
     def __init__(self, code: int, reason: str) -> None:
         super().__init__(f"{reason} (code {code})")

@@ -17,6 +17,7 @@ from ..protocol import (
     Flow,
     Gap,
     Goodbye,
+    Item,
     Message,
     Mode,
     Nak,
@@ -24,6 +25,7 @@ from ..protocol import (
     Push,
     Rejected,
     Result,
+    Revoke,
     Stream,
     Subscribed,
     Unsubscribe,
@@ -31,10 +33,11 @@ from ..protocol import (
 )
 from ..ratelimit import RateLimiter
 from .concurrency import _invoke
+from .consumer import Consumer, QueueItem, _Settler
 from .errors import SubscribeRejected, SubscriptionEnded, _Bye
 from .payloads import _call_error, _decode
 from .stats import ClientStats
-from .subscription import GAPS_KEPT, GapInfo, PushInfo, Subscription, _StreamBox
+from .subscription import GAPS_KEPT, GapInfo, PushInfo, Subscription, _StreamBox, _Topic
 
 __all__ = ["Rejection"]
 
@@ -63,19 +66,27 @@ class _ServerMessages:
     stats: ClientStats
     publish_limiter: RateLimiter
     rejections: deque[Rejection]
-    _subs: dict[Subscription, None]
-    _topics: dict[int, Subscription]
-    _sub_reqs: dict[int, Subscription]
+    _subs: dict[_Topic, None]
+    _topics: dict[int, _Topic]
+    _sub_reqs: dict[int, _Topic]
     _pub_reqs: OrderedDict[int, str]
     _calls: dict[int, asyncio.Future[Any]]
     _streams: dict[int, _StreamBox]
     _pings: dict[int, asyncio.Future[None]]
     _control: Callable[[ClientMessage], None]
     _send_ack: Callable[[Subscription], None]
+    _settler: _Settler
+    _clock: Callable[[], float]
 
     async def _on_message(self, msg: Message) -> None:
         if isinstance(msg, Push):
             await self._on_push(msg)
+        elif isinstance(msg, Item):
+            self._on_item(msg)
+        elif isinstance(msg, Revoke):
+            sub = self._topics.get(msg.topic)
+            if isinstance(sub, Consumer):
+                sub._revoke(msg.tags)
         elif isinstance(msg, Result):
             await self._on_result(msg)
         elif isinstance(msg, Stream):
@@ -114,7 +125,7 @@ class _ServerMessages:
 
     async def _on_push(self, m: Push) -> None:
         sub = self._topics.get(m.topic)
-        if sub is None:
+        if not isinstance(sub, Subscription):
             return  # unsubscribed meanwhile
         private = sub.mode == Mode.PRIVATE
         if private and m.seq <= sub.last_seq:
@@ -134,6 +145,29 @@ class _ServerMessages:
             sub._unacked += 1
             if sub._unacked >= self.ack_every:
                 self._send_ack(sub)
+
+    def _on_item(self, m: Item) -> None:
+        sub = self._topics.get(m.topic)
+        if not isinstance(sub, Consumer):
+            return  # unsubscribed meanwhile (the server takes it back), or a number we never had
+        self.stats.items += 1
+        # unlike a bad PUSH, which closes the client, a bad work item would go round every
+        # consumer and close each in turn: it is given back instead
+        try:
+            payload = self._inflate(m.payload, m.compressed)
+        except ProtocolError as exc:
+            sub._undecodable(m.topic, m.tag, exc, requeue=True)  # a larger max_inflated may do
+            return
+        try:
+            value = _decode(sub.codec, payload, sub.name)
+        except ProtocolError as exc:
+            sub._undecodable(m.topic, m.tag, exc, requeue=False)  # no consumer will do better
+            return
+        generation = self._settler.generation
+        item = QueueItem(
+            sub, m.topic, generation, m.tag, m.attempt, value, self._clock(), m.compressed
+        )
+        sub._deliver(item)
 
     async def _on_result(self, m: Result) -> None:
         fut = self._calls.get(m.call)
@@ -172,7 +206,10 @@ class _ServerMessages:
         sub = self._sub_reqs.pop(m.req, None)
         if sub is None:
             return
-        if m.epoch != sub.epoch:
+        if (m.mode == Mode.QUEUE) != isinstance(sub, Consumer):
+            self._wrong_kind(sub, m)
+            return
+        if isinstance(sub, Subscription) and m.epoch != sub.epoch:
             # a new numbering: nothing held so far compares with it
             sub.last_seq = m.head if m.mode == Mode.RING else 0
             sub._acked = sub._unacked = 0
@@ -189,6 +226,20 @@ class _ServerMessages:
         fut, sub._pending = sub._pending, None
         if fut is not None and not fut.done():
             fut.set_result(None)
+
+    def _wrong_kind(self, sub: _Topic, m: Subscribed) -> None:
+        """``subscribe()`` found a queue topic, or ``consume()`` a topic that is not one: the
+        client gives it up (items and pushes are only understood by the other kind)."""
+        self._control(Unsubscribe(m.topic))  # its UNSUBSCRIBED finds no topic: ignored
+        self._subs.pop(sub, None)
+        if isinstance(sub, Consumer):
+            reason = f"{sub.name!r} is not a queue topic (mode {m.mode}): use Client.subscribe()"
+        else:
+            reason = f"{sub.name!r} is a queue topic: use Client.consume()"
+        fut, sub._pending = sub._pending, None
+        if fut is not None and not fut.done():
+            fut.set_exception(SubscribeRejected(0, reason))
+        sub._end(SubscriptionEnded(0, reason))
 
     def _on_rejected(self, m: Rejected) -> None:
         sub = self._sub_reqs.pop(m.req, None)
@@ -215,7 +266,7 @@ class _ServerMessages:
 
     async def _on_gap(self, m: Gap) -> None:
         sub = self._topics.get(m.topic)
-        if sub is None:
+        if not isinstance(sub, Subscription):
             return
         info = GapInfo(sub.name, m.start, m.count)
         sub.gaps.append(info)

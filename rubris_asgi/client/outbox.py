@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ..protocol import ClientMessage
@@ -50,7 +51,10 @@ class _Outbox:
             self.ready.set()
 
     def discard(self, kinds: tuple[type[Any], ...]) -> None:
-        self.items = deque(i for i in self.items if not isinstance(i[0], kinds))
+        self.discard_where(lambda msg: isinstance(msg, kinds))
+
+    def discard_where(self, drop: Callable[[ClientMessage], bool]) -> None:
+        self.items = deque(i for i in self.items if not drop(i[0]))
         self.room.set()
 
     async def take(self, limit: int) -> list[bytes]:

@@ -1,4 +1,5 @@
-"""What the client counts: ``ClientStats``, read by the app as ``client.stats``."""
+"""What the client counts: ``ClientStats``, read by the app as ``client.stats``, and
+``ConsumerStats``, one queue consumer's share of it (``consumer.stats``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ class ClientStats:
     added; ``gaps`` counts GAP messages; ``dropped`` counts values a full subscription queue
     discarded; ``goodbye`` is the last GOODBYE as ``(code, reason)``; ``reconnects`` counts
     WELCOMEs after the first; ``flow`` is the fill of the last FLOW (0 before any).
+
+    Queue topics (every consumer together; :class:`ConsumerStats` has them one by one):
+    ``items`` counts ITEMs received; ``codel_returned`` the items client-side CoDel gave back
+    (NACK with requeue) instead of handing them over; ``revoked`` the items a REVOKE took out of
+    a consumer's buffer before the application took them; ``overflowed`` the items given back
+    at once because a consumer's buffer was full.
     """
 
     frames: int = 0
@@ -26,3 +33,32 @@ class ClientStats:
     reconnects: int = 0
     flow: int = 0
     goodbye: tuple[int, str] | None = None
+    items: int = 0
+    codel_returned: int = 0
+    revoked: int = 0
+    overflowed: int = 0
+
+
+@dataclass
+class ConsumerStats:
+    """Counters of one :class:`~rubris_asgi.client.Consumer`.
+
+    ``received``: ITEMs that arrived for it. ``taken``: items handed to the application (by the
+    iterator or to the handler). ``acked`` / ``nacked``: ACKs and NACKs the application's
+    ``ack()`` / ``nack()`` (or the handler's outcome) sent. ``codel_returned``, ``revoked``,
+    ``overflowed``: as in :class:`ClientStats`. ``stale``: ``ack()`` / ``nack()`` calls on items
+    of an earlier connection, not sent (the server took those items back when it was lost).
+    ``cleared``: items still in the buffer when a connection was lost (the server took them
+    back too). ``undecodable``: items whose payload did not inflate or decode (NACKed).
+    """
+
+    received: int = 0
+    taken: int = 0
+    acked: int = 0
+    nacked: int = 0
+    codel_returned: int = 0
+    revoked: int = 0
+    overflowed: int = 0
+    stale: int = 0
+    cleared: int = 0
+    undecodable: int = 0

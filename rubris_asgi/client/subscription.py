@@ -15,7 +15,8 @@ from .stats import ClientStats
 __all__ = ["GapInfo", "PushInfo", "Subscription"]
 
 QUEUE_SIZE = 10_000
-"""Values a subscription without a callback keeps; items a streamed reply buffers."""
+"""Values a subscription without a callback keeps; items a streamed reply buffers; items a
+queue consumer holds (:class:`~.consumer.Consumer`)."""
 GAPS_KEPT = 1_000
 """``Subscription.gaps`` keeps the latest this many."""
 NAK_LEVELS = (100, 87, 75, 50)
@@ -41,7 +42,54 @@ class GapInfo:
     count: int
 
 
-class Subscription:
+class _Topic:
+    """What every subscribed topic has: the latest SUBSCRIBED, and the life of the subscription.
+
+    :class:`Subscription` (PUSH topics) and :class:`~.consumer.Consumer` (queue topics) are
+    both; the client keeps them in one table, so a reconnect subscribes both kinds again the
+    same way.
+    """
+
+    def __init__(self, stats: ClientStats, name: str, params: bytes) -> None:
+        self.name = name
+        self.topic = 0
+        self.mode = 0
+        self.codec = 0
+        self.epoch = 0
+        self.head = 0
+        self.recovered = False
+        self.active = False  # between SUBSCRIBED and the end, and not waiting for a re-subscribe
+        self.end_code: int | None = None
+        self.end_reason = ""
+        self._stats = stats  # the client's: counts go there, and it says whose this is
+        self._params = params
+        self._wake = asyncio.Event()
+        self._ended: BaseException | None = None
+        self._wanted = True  # False once unsubscribe() (or a cancelled subscribe()) asked
+        self._pending: asyncio.Future[None] | None = None  # subscribe() waiting for SUBSCRIBED
+        self._unsub: asyncio.Future[None] | None = None  # unsubscribe() waiting
+
+    @property
+    def ended(self) -> bool:
+        return self._ended is not None
+
+    def _end(self, exc: BaseException) -> None:
+        if self._ended is None:
+            self._ended = exc
+            if isinstance(exc, SubscriptionEnded):
+                self.end_code = exc.code
+                self.end_reason = exc.reason
+            else:
+                self.end_code = 0
+                self.end_reason = str(exc)
+        self.active = False
+        self._wake.set()
+        unsub, self._unsub = self._unsub, None
+        if unsub is not None and not unsub.done():
+            unsub.set_result(None)
+
+
+class Subscription(_Topic):
     """One subscribed topic. Without a callback it is an async iterator of ``(value, PushInfo)``.
 
     The attributes mirror the latest SUBSCRIBED (``topic``, ``mode``, ``codec``, ``epoch``,
@@ -64,28 +112,12 @@ class Subscription:
         params: bytes,
         on_gap: Callable[[GapInfo], Any] | None,
     ) -> None:
-        self.name = name
-        self.topic = 0
-        self.mode = 0
-        self.codec = 0
-        self.epoch = 0
-        self.head = 0
-        self.recovered = False
+        super().__init__(stats, name, params)
         self.last_seq = 0
         self.gaps: list[GapInfo] = []
-        self.active = False  # between SUBSCRIBED and the end, and not waiting for a re-subscribe
-        self.end_code: int | None = None
-        self.end_reason = ""
-        self._stats = stats  # the client's: a full queue counts its drops there
         self._callback = callback
         self._on_gap = on_gap
-        self._params = params
         self._queue: deque[tuple[Any, PushInfo]] = deque()
-        self._wake = asyncio.Event()
-        self._ended: BaseException | None = None
-        self._wanted = True  # False once unsubscribe() (or a cancelled subscribe()) asked
-        self._pending: asyncio.Future[None] | None = None  # subscribe() waiting for SUBSCRIBED
-        self._unsub: asyncio.Future[None] | None = None  # unsubscribe() waiting
         self._acked = 0  # private topics: the last upto sent in an ACK
         self._unacked = 0  # private topics: messages since that ACK
         self._ack_due = False  # a duplicate came: the server may have missed our ACK
@@ -96,10 +128,6 @@ class Subscription:
             f"Subscription({self.name!r}, topic={self.topic}, mode={self.mode},"
             f" last_seq={self.last_seq}, ended={self.ended})"
         )
-
-    @property
-    def ended(self) -> bool:
-        return self._ended is not None
 
     def __aiter__(self) -> Subscription:
         return self
@@ -156,21 +184,6 @@ class Subscription:
                     return level
                 break
         return 0
-
-    def _end(self, exc: BaseException) -> None:
-        if self._ended is None:
-            self._ended = exc
-            if isinstance(exc, SubscriptionEnded):
-                self.end_code = exc.code
-                self.end_reason = exc.reason
-            else:
-                self.end_code = 0
-                self.end_reason = str(exc)
-        self.active = False
-        self._wake.set()
-        unsub, self._unsub = self._unsub, None
-        if unsub is not None and not unsub.done():
-            unsub.set_result(None)
 
 
 class _StreamBox:

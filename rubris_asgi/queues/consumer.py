@@ -6,13 +6,14 @@ scheduler sends them in the next cycle it serves the session, tagging each as it
 Together they never exceed the consumer's prefetch, fixed or estimated (prefetch.py).
 
 Server-side CoDel (protocol.md section 5) treats the consumer's outstanding items as a buffer:
-the age of the oldest, less the round trip and one processing time, is the time it has waited
-inside the consumer. While that has stayed above target for an interval, the most recently sent
-item (the least likely to have been started) is taken back with REVOKE, then the next on CoDel's
-control law. From then until the delay has stayed under target for 16 intervals (CoDel's
-memory of a recent standing queue), the consumer gets new items only up to its measured prefetch
-(round trip / processing time + 1), whatever it asked for. This is
-for consumers that do not run CoDel themselves: a third-party client, a stalled tab.
+the age of the oldest, less the round trip and two processing times (its own, and that of the
+item the consumer may be busy with when it arrives), is the time it has waited in a standing
+queue inside the consumer. While that has stayed above target for an interval, the most
+recently sent item (the least likely to have been started) is taken back with REVOKE, then the
+next on CoDel's control law. From then until the delay has stayed under target for 16
+intervals (CoDel's memory of a recent standing queue), the consumer gets new items only up to
+its measured prefetch (round trip / processing time + 1), whatever it asked for. This is for
+consumers that do not run CoDel themselves: a third-party client, a stalled tab.
 """
 
 from __future__ import annotations
@@ -170,8 +171,12 @@ class QueueSub(Sub):
         out = self.outstanding
         if out:
             oldest_sent = out[next(iter(out))][1]
-            allowance = (  # the time an item takes when it does not wait: round trip + processing
-                est.sojourn if est.processing else self.queue.settings.unmeasured_allowance
+            # the time an item may take without a standing queue: round trip + processing, plus
+            # one processing time for the item that may be in progress when it arrives
+            allowance = (
+                est.sojourn + est.processing
+                if est.processing
+                else self.queue.settings.unmeasured_allowance
             )
             drop = codel.should_drop(now - oldest_sent - allowance, now)
         else:

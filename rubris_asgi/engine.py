@@ -503,10 +503,14 @@ class Engine:
         back. The runtime calls it every few milliseconds while there are consumers."""
         now = self.clock()
         for q in self.queues.values():
-            for c in q.consumers:
+            if not q.active:
+                continue
+            for c in list(q.active):  # only consumers with deliveries out, or just after
                 tag = c.tick(now)
                 if tag:
                     self.direct(c.session, encode(Revoke.of(c.number, (tag,))))
+                elif c.idle():
+                    del q.active[c]
 
     def _give_back_queues(self, s: Session, lost: bool) -> None:
         for sub in s.subs.values():
@@ -533,6 +537,7 @@ class Engine:
         if isinstance(sub, QueueSub):
             sub.live = False
             sub.queue.consumers.remove(sub)
+            sub.queue.active.pop(sub, None)
             sub.give_back(lost)
             name = sub.queue.name
         else:

@@ -296,6 +296,8 @@ class Scheduler:
                     qs: QueueSub = sub  # type: ignore[assignment]
                     lane = qs.lane
                     out = qs.outstanding
+                    if not out:  # deliveries go out: its CoDel and probe need ticks again
+                        qs.queue.active[qs] = None
                     tag = qs.tag
                     k = qs.queue.settings.batch
                     while lane and k:

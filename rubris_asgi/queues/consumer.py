@@ -85,6 +85,16 @@ class QueueSub(Sub):
     def has_more(self) -> bool:
         return bool(self.lane)
 
+    def idle(self) -> bool:
+        """Nothing out and no CoDel or probe state pending: ``tick`` has nothing to do."""
+        codel = self.codel
+        return (
+            not self.outstanding
+            and not self.capped_until
+            and not self.estimator.probe_from
+            and (codel is None or not (codel.first_above or codel.dropping))
+        )
+
     def _check(self, tag: int) -> None:
         if tag > self.tag:
             raise ProtocolError(

@@ -92,6 +92,7 @@ class QueueTopic:
         "compress_at",
         "ready",
         "consumers",
+        "active",
         "dirty",
         "ids",
         "stats",
@@ -120,6 +121,9 @@ class QueueTopic:
         self.ready: deque[QueueItem] = deque()
         self.consumers: deque[Any] = deque()
         """Subscribed consumers in rotation order: the next to be offered an item first."""
+        self.active: dict[Any, None] = {}
+        """Consumers with deliveries out (or CoDel state to settle): what ``tick`` visits, so
+        an idle consumer costs nothing between deliveries."""
         self.dirty = False
         self.ids = IdWindow(settings.dedup_window, settings.dedup_max)
         self.stats = QueueStats()

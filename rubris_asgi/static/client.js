@@ -6,6 +6,7 @@
 //     const client = connect("/rubris");
 //     client.subscribe("prices.AAPL", (price) => render(price));
 //     const result = await client.call("place_order", { symbol: "AAPL", side: "buy", qty: 10 });
+//     client.consume("jobs.resize", async (item) => resize(item.value), { prefetch: 8 });
 //
 // The wire contract is the project's protocol.md ("rubris wire protocol, version 1"); section
 // numbers quoted in the modules (§n) refer to it. This file is only the public entry: it
@@ -19,6 +20,8 @@
 //                                 DEFLATE both ways (DecompressionStream)
 //        client/util.js           clock, sleep, yieldToEventLoop, safeCall, RateMeter,
 //                                 backoffDelay, resolveUrls
+//        client/codel.js          CoDel: the control law (RFC 8289) that decides which items of
+//                                 a consumer's local buffer to give back
 //   2. the public value classes:
 //        client/values.js         Subscription, RubrisError
 //   3. two transports with one small interface (described in websocket.js):
@@ -30,8 +33,10 @@
 //        client/flow.js           the inbound queue delivered in slices; NAK levels (§8)
 //        client/calls.js          call, stream, streamIter, call timeouts, RESULT/STREAM
 //        client/subscriptions.js  subscribe/unsubscribe, WireSubscription, SUBSCRIBED, REJECTED,
-//                                 UNSUBSCRIBED, GAP, PUSH to listeners, ACK/NACK of private and
-//                                 queue topics
+//                                 UNSUBSCRIBED, GAP, PUSH to listeners, ACKs of private topics
+//        client/queues.js         consume(), Consumer and QueueItem: queue topics' ITEM into a
+//                                 bounded local buffer, REVOKE, CoDel, one item at a time to the
+//                                 handler, ACKs of a task in one message, NACK, reset on reconnect
 //        client/session.js        connect, WELCOME, new or resumed session, drops, reconnect
 //                                 with backoff, fall-back to long-poll and back to WebSocket,
 //                                 heartbeats and PING, frame dispatch, page hooks, shutdown
@@ -40,7 +45,8 @@
 //                                 connect()
 //
 // How the class is split: each concern module exports a plain object of methods
-// (`outboundMethods`, `flowMethods`, `callMethods`, `subscriptionMethods`, `sessionMethods`), and
+// (`outboundMethods`, `flowMethods`, `callMethods`, `subscriptionMethods`, `queueMethods`,
+// `sessionMethods`), and
 // rubris-client.js copies them onto RubrisClient.prototype when it loads (`installMethods`:
 // non-enumerable like class methods; a name defined twice throws). Every method still runs with
 // `this` the client and shares its fields, as when it was one class body; the concern modules
@@ -48,8 +54,9 @@
 //
 // Everything the client keeps is bounded: frames waiting for a connection (`maxPending`),
 // the inbound queue (snapshot topics conflate in it, the server slows down on NAK, private topics
-// are ACKed only once the app has seen them so the server's queue capacity bounds them), and the
-// buffer of a `streamIter` (its producer waits for the consumer).
+// are ACKed only once the app has seen them so the server's queue capacity bounds them), the
+// buffer of a `streamIter` (its producer waits for the consumer), and a queue consumer's local
+// buffer (the server's prefetch bounds it; `maxBuffer` caps it: beyond it items are NACKed).
 
 import {
   ProtocolError,
@@ -64,6 +71,7 @@ import {
   parseServerMessage,
   splitFrame,
 } from "./client/codec.js";
+import { CoDel } from "./client/codel.js";
 import { nakLevel } from "./client/flow.js";
 import { decodePayload, deflateRaw, inflateRaw } from "./client/payloads.js";
 import { backoffDelay, resolveUrls } from "./client/util.js";
@@ -72,11 +80,13 @@ import { backoffDelay, resolveUrls } from "./client/util.js";
 import "./client/calls.js";
 import "./client/longpoll.js";
 import "./client/outbound.js";
+import "./client/queues.js";
 import "./client/session.js";
 import "./client/subscriptions.js";
 import "./client/websocket.js";
 
 export { Codec, ErrorCode, Kind, Mode } from "./client/codec.js";
+export { Consumer, QueueItem } from "./client/queues.js";
 export { RubrisClient, connect } from "./client/rubris-client.js";
 export { RubrisError, Subscription } from "./client/values.js";
 
@@ -97,6 +107,7 @@ export const _internal = Object.freeze({
   deflateRaw,
   decodePayload,
   nakLevel,
+  CoDel,
   backoffDelay,
   resolveUrls,
 });

@@ -19,6 +19,8 @@ export const Kind = Object.freeze({
   PONG: 0x09,
   GOODBYE: 0x0a,
   FLOW: 0x0b,
+  ITEM: 0x0c,
+  REVOKE: 0x0d,
   HELLO: 0x21,
   SUBSCRIBE: 0x22,
   UNSUBSCRIBE: 0x23,
@@ -60,9 +62,9 @@ export const ErrorCode = Object.freeze({
 
 const SERVER_KINDS = new Set([
   Kind.WELCOME, Kind.PUSH, Kind.RESULT, Kind.STREAM, Kind.SUBSCRIBED, Kind.REJECTED,
-  Kind.UNSUBSCRIBED, Kind.GAP, Kind.PONG, Kind.GOODBYE, Kind.FLOW,
+  Kind.UNSUBSCRIBED, Kind.GAP, Kind.PONG, Kind.GOODBYE, Kind.FLOW, Kind.ITEM, Kind.REVOKE,
 ]);
-const SERVER_COMPRESSIBLE = new Set([Kind.PUSH, Kind.RESULT, Kind.STREAM]);
+const SERVER_COMPRESSIBLE = new Set([Kind.PUSH, Kind.RESULT, Kind.STREAM, Kind.ITEM]);
 const CLIENT_KINDS = new Set([
   Kind.HELLO, Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.CALL, Kind.ACK, Kind.NACK, Kind.NAK,
   Kind.PING, Kind.PUBLISH,
@@ -269,9 +271,23 @@ export function parseServerMessage(kind, compressed, body) {
       return { kind, compressed, code: r.uv(), reason: r.str() };
     case Kind.FLOW:
       return { kind, compressed, fill: r.u8() };
+    case Kind.ITEM:
+      return { kind, compressed, topic: r.uv(), tag: r.uv(), attempt: r.uv(), payload: r.rest() };
+    case Kind.REVOKE:
+      return { kind, compressed, topic: r.uv(), tags: readTags(r) };
     default:
       throw new ProtocolError(`not a server message kind: 0x${kind.toString(16)}`);
   }
+}
+
+/** REVOKE's `n:uv tag:uv×n`; a count the body cannot hold is a truncated message. */
+function readTags(r) {
+  const n = r.uv();
+  // Each tag takes at least a byte: checked before allocating anything for `n`.
+  if (n > r.remaining) throw new ProtocolError(`REVOKE announces ${n} tags in ${r.remaining} bytes`);
+  const tags = new Array(n);
+  for (let i = 0; i < n; i++) tags[i] = r.uv();
+  return tags;
 }
 
 /**
@@ -308,15 +324,16 @@ export function parseClientMessage(kind, compressed, body) {
     case Kind.CALL:
       return { kind, compressed, call: r.uv(), method: r.str(), payload: r.rest() };
     case Kind.ACK: {
-      // Private topics carry `topic upto`, queue topics `topic n seq×n`: the wire alone cannot
-      // tell them apart, so return the raw numbers and let the reader who knows the mode decide.
+      // Private topics carry `topic upto`, queue topics `topic n tag×n`: the wire alone cannot
+      // tell them apart, so return the raw numbers and let the reader who knows the mode decide
+      // (for a queue topic: numbers[0] is n, the tags follow).
       const topic = r.uv();
       const rest = [];
       while (r.remaining > 0) rest.push(r.uv());
       return { kind, topic, numbers: rest };
     }
     case Kind.NACK:
-      return { kind, topic: r.uv(), seq: r.uv(), requeue: r.u8() };
+      return { kind, topic: r.uv(), tag: r.uv(), requeue: r.u8() };
     case Kind.NAK:
       return { kind, fill: r.u8() };
     case Kind.PING:
@@ -369,12 +386,14 @@ export const encode = Object.freeze({
   call: (call, method, payload = EMPTY) =>
     message(Kind.CALL, (w) => w.uv(call).str(method).bytes(payload)),
   ackPrivate: (topic, upto) => message(Kind.ACK, (w) => w.uv(topic).uv(upto)),
-  ackQueue: (topic, seqs) => message(Kind.ACK, (w) => {
-    w.uv(topic).uv(seqs.length);
-    for (const s of seqs) w.uv(s);
+  /** ACK of queue deliveries (§4): `topic n tag×n`. */
+  ackQueue: (topic, tags) => message(Kind.ACK, (w) => {
+    w.uv(topic).uv(tags.length);
+    for (const t of tags) w.uv(t);
   }),
-  nack: (topic, seq, requeue = true) =>
-    message(Kind.NACK, (w) => w.uv(topic).uv(seq).u8(requeue ? 1 : 0)),
+  /** NACK of one queue delivery (§4); `requeue` false drops or dead-letters it. */
+  nack: (topic, tag, requeue = true) =>
+    message(Kind.NACK, (w) => w.uv(topic).uv(tag).u8(requeue ? 1 : 0)),
   nak: (fill) => message(Kind.NAK, (w) => w.u8(fill)),
   ping: (token) => message(Kind.PING, (w) => w.uv(token)),
 });

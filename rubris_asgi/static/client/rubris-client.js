@@ -6,6 +6,7 @@
 import { callMethods } from "./calls.js";
 import { flowMethods } from "./flow.js";
 import { outboundMethods } from "./outbound.js";
+import { queueMethods } from "./queues.js";
 import { DEFAULT_MAX_FRAME, sessionMethods } from "./session.js";
 import { subscriptionMethods } from "./subscriptions.js";
 import { RateMeter, resolveUrls, safeCall } from "./util.js";
@@ -135,6 +136,10 @@ export class RubrisClient {
     this._ackTimer = null;
     this._ackDirty = new Set();
 
+    // queues.js: consumers with ACKs to write at the end of this task
+    this._queueAcksDirty = new Set();
+    this._queueAckScheduled = false;
+
     // stats
     this._counters = { frames: 0, messages: 0, bytesIn: 0, compressed: 0, bytesSaved: 0, gaps: 0, naks: 0 };
     this._rtt = null;
@@ -218,7 +223,9 @@ function installMethods(cls, ...groups) {
   }
 }
 
-installMethods(RubrisClient, sessionMethods, subscriptionMethods, callMethods, flowMethods, outboundMethods);
+installMethods(
+  RubrisClient, sessionMethods, queueMethods, subscriptionMethods, callMethods, flowMethods, outboundMethods,
+);
 
 /**
  * Connect to a rubris server; the client starts connecting at once and keeps reconnecting until

@@ -73,6 +73,8 @@ export const sessionMethods = {
     const wasWelcomed = this._welcomed;
     this._conn = null;
     this._welcomed = false;
+    // The server takes every outstanding queue item back when a connection is lost (§5).
+    this._resetQueues();
     if (this.state === "closed") return;
     if (info.protocol && info.status) {
       this._emit("error", { code: ErrorCode.PROTOCOL, message: info.reason });
@@ -241,6 +243,7 @@ export const sessionMethods = {
     this._conn = null;
     this._welcomed = false;
     this._tryLongPoll = false;
+    this._resetQueues(); // a resumed session starts with no queue item outstanding (§5)
     this._connect(); // auto picks a WebSocket now; HELLO carries the resume token
   },
 
@@ -339,6 +342,7 @@ export const sessionMethods = {
     for (const wire of this._wires.values()) {
       wire.state = "closed";
       for (const sub of [...wire.joining, ...wire.listeners]) sub._fail(reason);
+      this._endQueue(wire, reason);
     }
     this._wires.clear();
     this._byTopic.clear();
@@ -397,6 +401,12 @@ export const sessionMethods = {
         break;
       case Kind.PUSH:
         this._onPush(m);
+        break;
+      case Kind.ITEM:
+        this._onItem(m);
+        break;
+      case Kind.REVOKE:
+        this._onRevoke(m);
         break;
       case Kind.RESULT:
       case Kind.STREAM:

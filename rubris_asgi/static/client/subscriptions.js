@@ -1,11 +1,12 @@
 // Subscriptions: subscribe() and unsubscribe, the WireSubscription several app Subscriptions
-// share, the server's answers (SUBSCRIBED, REJECTED, UNSUBSCRIBED, GAP), PUSH from arrival to the
-// listeners (snapshot conflation, queue topics ACKed or NACKed by the callback's outcome), and
-// the ACKs of private and queue topics. Methods of RubrisClient (installed by rubris-client.js).
+// share (a queue consumer's too), the server's answers (SUBSCRIBED, REJECTED, UNSUBSCRIBED, GAP),
+// PUSH from arrival to the listeners (snapshot conflation), and the ACKs of private topics (a
+// queue topic's items and ACKs are queues.js's). Methods of RubrisClient (installed by
+// rubris-client.js).
 
 import { ErrorCode, Mode, encode, joinFrames } from "./codec.js";
 import { decodePayload, deflateRaw, encodeJson } from "./payloads.js";
-import { reportAppError, safeCall } from "./util.js";
+import { safeCall } from "./util.js";
 import { RubrisError, Subscription } from "./values.js";
 
 /** Params shorter than this are not worth deflating. */
@@ -36,7 +37,7 @@ class WireSubscription {
     this.delivered = 0; // highest private seq the app has seen (what ACK reports)
     this.acked = 0;
     this.unacked = 0;
-    this.queueDone = []; // queue-topic seqs processed, not yet ACKed
+    this.consumer = null; // queue topics: the Consumer (queues.js) its items go to
     this.incarnation = 0; // bumps when seq numbering restarts, so stale items cannot ACK
     this.queued = null; // the snapshot item waiting in the inbound queue (conflation target)
     this.last = null; // {value, meta}: the latest snapshot value, for listeners that join later
@@ -49,7 +50,6 @@ class WireSubscription {
     this.delivered = 0;
     this.acked = 0;
     this.unacked = 0;
-    this.queueDone = [];
     this.incarnation++;
   }
 }
@@ -65,8 +65,9 @@ export const subscriptionMethods = {
    * @param {string} name Topic name, e.g. "prices.AAPL".
    * @param {(value: any, meta: {name: string, seq: number, compressed: boolean}) => any} callback
    *   Called for every message, in order. The value is decoded by the topic's codec: JSON →
-   *   parsed value, bytes → Uint8Array, text → string. For queue topics the item is ACKed when
-   *   the callback returns (or its promise resolves) and given back (NACK) when it throws.
+   *   parsed value, bytes → Uint8Array, text → string. A queue topic (better: consume()) gives
+   *   items one at a time with meta `{name, tag, attempt, compressed}`; each is ACKed when the
+   *   callbacks return (or their promises resolve) and given back (NACK) when one throws.
    * @param {object} [opts]
    * @param {any} [opts.params] JSON params for the server's subscribe handler.
    * @param {(gap: {from: number, count: number}) => void} [opts.onGap] Messages lost for good.
@@ -83,14 +84,15 @@ export const subscriptionMethods = {
       sub._fail(new RubrisError("client is closed", ErrorCode.CLOSED));
       return sub;
     }
-    const params = encodeJson(opts.params);
-    const key = `${name}\u0000${opts.params === undefined ? "" : JSON.stringify(opts.params)}`;
-    let wire = this._wires.get(key);
+    for (const other of this._wires.values()) {
+      if (other.name === name && other.consumer && !other.consumer._internal) {
+        sub._fail(new RubrisError(`${name} is already consumed by this client`, ErrorCode.TOO_MANY));
+        return sub;
+      }
+    }
+    let wire = this._wires.get(wireKey(name, opts.params));
     if (!wire) {
-      wire = new WireSubscription(key, name, params);
-      this._wires.set(key, wire);
-      this._prepareParams(wire);
-      if (this._welcomed) this._sendSubscribe(wire);
+      wire = this._openWire(name, opts.params);
     } else if (wire.closing) {
       wire.closing = false; // the app changed its mind before the server answered
     }
@@ -104,6 +106,15 @@ export const subscriptionMethods = {
   },
 
   // ----- subscribing and letting go ----------------------------------------------------------
+
+  /** A new WireSubscription for `name` with JSON `params`, subscribed as soon as it can be. */
+  _openWire(name, params) {
+    const wire = new WireSubscription(wireKey(name, params), name, encodeJson(params));
+    this._wires.set(wire.key, wire);
+    this._prepareParams(wire);
+    if (this._welcomed) this._sendSubscribe(wire);
+    return wire;
+  },
 
   _unsubscribe(sub) {
     if (sub.closed) return;
@@ -123,11 +134,13 @@ export const subscriptionMethods = {
         wire.closing = true; // UNSUBSCRIBE needs the topic number from SUBSCRIBED
         break;
       case "active":
+        // ACKs first: the server applies them before the UNSUBSCRIBE gives the rest back.
         if (wire.mode === Mode.PRIVATE || wire.mode === Mode.QUEUE) this._sendAck(wire);
         wire.state = "closed";
         this._wires.delete(wire.key);
         this._byTopic.delete(wire.topic);
         this._unsubscribeTopic(wire.topic);
+        this._endQueue(wire, new RubrisError("unsubscribed", ErrorCode.UNSUBSCRIBED));
         break;
       default:
         break;
@@ -203,6 +216,7 @@ export const subscriptionMethods = {
       name: wire.name, mode: m.mode, codec: m.codec, epoch: m.epoch, head: m.head,
       recovered: m.recovered === 1,
     };
+    if (!this._queueSubscribed(wire, m)) return;
     this._byTopic.set(m.topic, wire);
     const info = wire.info;
     this._enqueue({
@@ -210,6 +224,8 @@ export const subscriptionMethods = {
       fn: () => {
         for (const sub of [...wire.listeners]) safeCall(sub._opts.onSubscribed, info);
         for (const sub of [...wire.joining]) this._join(wire, sub, info);
+        // Items wait for this point, so a handler never runs before its onSubscribed.
+        if (wire.state === "active") wire.consumer?._start();
       },
     });
   },
@@ -236,6 +252,7 @@ export const subscriptionMethods = {
     wire.state = "closed";
     if (this._wires.get(wire.key) === wire) this._wires.delete(wire.key);
     const err = new RubrisError(m.reason || `subscription refused (code ${m.code})`, m.code);
+    this._endQueue(wire, err);
     this._enqueue({
       t: "fn",
       fn: () => {
@@ -257,6 +274,8 @@ export const subscriptionMethods = {
     this._byTopic.delete(m.topic);
     wire.state = "closed";
     if (this._wires.get(wire.key) === wire) this._wires.delete(wire.key);
+    // The server has taken back what the consumer holds: nothing more of it may start.
+    this._endQueue(wire, new RubrisError(m.reason || `unsubscribed by the server (code ${m.code})`, m.code));
     this._enqueue({
       t: "fn",
       fn: () => {
@@ -330,10 +349,6 @@ export const subscriptionMethods = {
       if (ok) {
         const meta = { name: wire.name, seq: item.seq, compressed: item.compressed };
         if (wire.mode === Mode.SNAPSHOT) wire.last = { value, meta };
-        if (wire.mode === Mode.QUEUE) {
-          this._deliverQueueItem(wire, item, value, meta);
-          return null;
-        }
         for (const sub of wire.listeners.size === 1 ? wire.listeners : [...wire.listeners]) {
           if (!sub.closed) safeCall(sub._callback, value, meta);
         }
@@ -343,41 +358,7 @@ export const subscriptionMethods = {
     return null;
   },
 
-  _deliverQueueItem(wire, item, value, meta) {
-    const incarnation = item.incarnation;
-    const done = (ok) => {
-      if (wire.incarnation !== incarnation || wire.state !== "active") return; // item is gone
-      if (ok) {
-        wire.queueDone.push(item.seq);
-        this._noteAckable(wire, wire.queueDone.length);
-      } else {
-        this._write({ bytes: encode.nack(wire.topic, item.seq, true), keep: "session" });
-      }
-    };
-    const results = [];
-    let threw = false;
-    for (const sub of [...wire.listeners]) {
-      if (sub.closed) continue;
-      try {
-        results.push(sub._callback(value, meta));
-      } catch (err) {
-        threw = true;
-        reportAppError(err);
-      }
-    }
-    if (threw) {
-      done(false);
-    } else if (results.some((r) => r && typeof r.then === "function")) {
-      Promise.all(results).then(() => done(true), (err) => {
-        reportAppError(err);
-        done(false);
-      });
-    } else {
-      done(true);
-    }
-  },
-
-  // ----- ACKs of private and queue topics ----------------------------------------------------
+  // ----- ACKs of private topics (and a queue consumer's, when it goes) ------------------------
 
   /**
    * Private topics are ACKed by what the app has been given, not by what arrived: the server
@@ -410,9 +391,9 @@ export const subscriptionMethods = {
       out.push(encode.ackPrivate(wire.topic, wire.delivered));
       wire.acked = wire.delivered;
       wire.unacked = 0;
-    } else if (wire.mode === Mode.QUEUE && wire.queueDone.length) {
-      out.push(encode.ackQueue(wire.topic, wire.queueDone));
-      wire.queueDone = [];
+    } else if (wire.mode === Mode.QUEUE) {
+      const bytes = wire.consumer?._takeAcks();
+      if (bytes) out.push(bytes);
     }
     return out;
   },
@@ -434,6 +415,12 @@ export const subscriptionMethods = {
     }
     const parts = [];
     for (const wire of dirty) parts.push(...this._ackMessages(wire));
+    parts.push(...this._takeQueueAcks());
     if (parts.length) this._conn.sendUrgent(joinFrames(parts));
   },
 };
+
+/** Subscriptions to the same name with the same params share a wire. */
+function wireKey(name, params) {
+  return `${name}\u0000${params === undefined ? "" : JSON.stringify(params)}`;
+}

@@ -9,10 +9,20 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from rubris_asgi import Codec, Config, Rubris, Session, Timing
 from rubris_asgi.errors import ErrorCode, ProtocolError, QueueFull
-from rubris_asgi.protocol import Item, Publish, Rejected, Subscribe, Subscribed
+from rubris_asgi.protocol import (
+    Ack,
+    Item,
+    Publish,
+    Rejected,
+    Subscribe,
+    Subscribed,
+    encode_frame,
+)
 
 from .enginekit import RecordingSink
 
@@ -204,3 +214,42 @@ async def test_api_enqueue_fill_follows_the_queue(api: Any) -> None:
     assert r.json()["fill"] == 100 and r.headers["Rubris-Fill"] == "100"
     r = await http.post("/api/enqueue", json={"topic": "jobs.a", "data": 9}, headers=AUTH)
     assert r.status_code == 429 and r.json()["fill"] == 100
+
+
+async def test_bad_tags_over_the_wire_close_with_code_1_and_corrupt_nothing() -> None:
+    from .server import run_server
+    from .wirekit import (
+        expect_goodbye_and_close,
+        lp_collect,
+        lp_hello,
+        recv_until,
+        until,
+        ws_hello,
+        ws_open,
+    )
+
+    rubris = make()
+    async with run_server(
+        Starlette(routes=[Mount("/rubris", rubris)], lifespan=rubris.lifespan)
+    ) as base:
+        # WebSocket: a consumer ACKs a tag never issued to it: GOODBYE 1, close 1002
+        ws = await ws_open(base)
+        await ws_hello(ws, Subscribe(1, "jobs.a", 0, 0, orjson.dumps({"prefetch": 2})))
+        sub = await recv_until(ws, lambda m: isinstance(m, Subscribed))
+        assert isinstance(sub, Subscribed)
+        rubris.enqueue("jobs.a", "one")
+        item = await recv_until(ws, lambda m: isinstance(m, Item))
+        assert isinstance(item, Item) and item.tag == 1
+        # an ACK for a topic it does not hold is ignored; then a tag past the last issued
+        await ws.send(encode_frame([Ack.items(sub.topic + 99, [5]), Ack.items(sub.topic, [2])]))
+        await expect_goodbye_and_close(ws, ErrorCode.PROTOCOL, 1002)
+        # the item went back to the queue, first attempt ended with the lost consumer
+        await until(lambda: rubris.queue_stats("jobs.a").waiting == 1)
+        # long-poll: a malformed ACK (count without its tags) is a 400, nothing changes
+        async with httpx.AsyncClient(base_url=base + "/rubris") as c:
+            w = await lp_hello(c, Subscribe(1, "jobs.a", 0, 0, b""))
+            got = await lp_collect(c, w.session, lambda m: isinstance(m, Item))
+            assert isinstance(got, Item) and got.attempt == 2 and got.payload == b'"one"'
+            r = await c.post(f"/lp/{w.session}", content=encode_frame([Ack(got.topic, (3, 1))]))
+            assert r.status_code == 400 and "ACK" in r.text
+            assert rubris.queue_stats("jobs.a").outstanding == 1

@@ -324,9 +324,28 @@ def test_estimator_waits_for_measurements() -> None:
     assert est.limit == 4 and est.round_trip is None
     est.on_ack(1.104, [1.0])  # first ACK: a sojourn, no processing time yet
     assert est.value == 4 and est.round_trip == pytest.approx(0.104)  # no processing time yet
-    est.on_ack(1.108, [1.0])  # sent before the previous ACK less a round trip: busy
+    # items sent long before the previous ACK: the consumer worked through them back to back,
+    # 4 ms each; one measurement needs a round trip of such intervals, and may at most double
+    values = []
+    for k in range(1, 80):
+        est.on_ack(1.104 + 0.004 * k, [1.0])
+        values.append(est.value)
     assert est.processing == pytest.approx(0.004)
-    assert est.value == 26
+    assert values[24] == 4 and values[25] == 8  # the first sample, capped at twice the prefetch
+    assert sorted(set(values)) == [4, 8, 16, 26] and values[-1] == 26
+
+
+def test_bunched_acks_do_not_fool_the_estimator() -> None:
+    # the consumer works 4 ms an item, but its ACKs reach the server in bursts every 40 ms
+    est = PrefetchEstimator(initial=26, maximum=1000, window=10.0)
+    est.on_ack(1.104, [1.0])
+    t = 1.104
+    for burst in range(30):
+        t += 0.040
+        for i in range(10):  # ten items' ACKs within 0.1 ms
+            est.on_ack(t + i * 0.00001, [1.0])
+    assert est.processing == pytest.approx(0.004, rel=0.05)
+    assert 24 <= est.value <= 28
 
 
 def test_codel_stops_dropping_when_the_sojourn_falls() -> None:

@@ -12,14 +12,19 @@ The server measures both from the consumer's ACKs alone, so any client benefits:
 - ``processing``: the interval between two ACKs when every item of the second had reached the
   consumer before it finished the first (they were sent in the same frame as, or before, the
   first's newest item, or at least a sojourn before the first ACK), so it worked through
-  them back to back: ``interval / items``. A moving mean with gain 1/4 follows a change within
-  a dozen items.
+  them back to back. Such intervals are summed until they span a round trip, and the sum
+  divided by the items they ended is one sample: ACKs that arrive bunched (a pause on either
+  side) give one long interval and many near-zero ones, and only their sum says how fast the
+  consumer worked. A moving mean (gain 1/4) of the samples follows a change within a few round
+  trips.
 
 Two corrections keep it honest. An estimate that is too small starves the consumer, and a
 starving consumer never shows its processing time (nothing waits): so when an ACK arrives from
 a consumer that held all it was allowed while items were waiting in the queue, and its items
 did not wait, the prefetch grows by one (at most once a round trip, as TCP's congestion
-avoidance does), until items do wait and a measurement takes over. An
+avoidance does), until items do wait and a measurement takes over; and a measurement may at
+most double the prefetch (TCP's slow start), so one measurement gone wrong cannot hand a
+consumer hundreds of items at once. An
 estimate that is too large hides the round trip (every item waits, and the smallest
 delivery-to-ACK time then only says how long the buffer is): so when the smallest sample is
 ``window`` old the estimator *probes*, as BBR's ProbeRTT does: the consumer is held to one
@@ -51,6 +56,8 @@ class PrefetchEstimator:
         "processing",
         "last_ack",
         "last_sent",
+        "busy_time",
+        "busy_items",
         "probe_from",
         "grown_at",
         "value",
@@ -70,6 +77,9 @@ class PrefetchEstimator:
         self.last_ack = 0.0
         self.last_sent = 0.0
         """When the newest item of the previous ACK was sent."""
+        self.busy_time = 0.0
+        self.busy_items = 0
+        """Busy intervals and the items they ended, summed until they span a round trip."""
         self.probe_from = 0.0
         """While probing: when the probe began (deliveries sent since then are clean)."""
         self.grown_at = 0.0
@@ -102,9 +112,18 @@ class PrefetchEstimator:
             # less than the round trip, so this test never takes an idle interval for work
             busy = newest <= self.last_sent + SLACK or newest <= last - self.sojourn + SLACK
             if busy:
-                sample = (now - last) / len(sent)
-                p = self.processing
-                self.processing = sample if not p else p + GAIN * (sample - p)
+                # summed over a round trip before it counts: ACKs that arrive bunched (a pause
+                # on either side, the network) give one long gap and many near-zero ones, and
+                # only their sum over a span says how fast the consumer worked
+                self.busy_time += now - last
+                self.busy_items += len(sent)
+                if self.busy_time >= self.sojourn and self.busy_items >= 2:
+                    sample = self.busy_time / self.busy_items
+                    self.busy_time, self.busy_items = 0.0, 0
+                    p = self.processing
+                    self.processing = sample if not p else p + GAIN * (sample - p)
+                else:
+                    busy = False  # no new measurement yet
         self.last_ack, self.last_sent = now, newest
         sojourn = now - newest
         if self.probe_from:
@@ -114,7 +133,9 @@ class PrefetchEstimator:
             self.sojourn, self.sojourn_at = sojourn, now
         if busy:
             wanted = math.ceil(self.sojourn / self.processing - SLACK)
-            self.value = min(self.maximum, max(1, wanted))
+            # growth at most doubles a measurement (a round trip), as TCP's slow start: one
+            # measurement gone wrong cannot hand a consumer hundreds of items at once
+            self.value = min(self.maximum, 2 * self.value, max(1, wanted))
         elif starving and self.value < self.maximum and now - self.grown_at >= self.sojourn:
             self.value += 1  # once a round trip: additive, so it cannot overshoot far
             self.grown_at = now

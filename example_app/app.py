@@ -5,12 +5,13 @@ Channels:
     trades            ring of 128: every trade printed
     book.{symbol}     snapshot: a 50-level order book (large JSON, sent deflated)
     fills             private: this session's own fills, lossless
-    reprice           work queue: "reprice" jobs, worked by ``python -m example_app.worker``
-                      processes (competing consumers)
+    reprice           work queue: "reprice" jobs, worked by the page's tabs and by
+                      ``python -m example_app.worker`` processes (competing consumers)
     reprice.failed    work queue: jobs that failed three times (dead letters)
     reprice.results   ring of 64: what each worker computed (workers PUBLISH here)
     reprice.stats     snapshot: the queue's counters, once a second
-RPC: symbols, place_order, history (streamed).
+RPC: symbols, place_order, history (streamed), reprice_result (a tab's result, published on
+"reprice.results" for it: the browser client has no PUBLISH).
 HTTP API: POST /rubris/api/publish with the bearer token API_TOKEN (RUBRIS_API_TOKEN, or a
 random one printed at start): another program can print trades on the tape.
 """
@@ -78,6 +79,25 @@ async def reprice_failed(session: Session) -> None:
 @rubris.shared("reprice.results", ring=64, client_publish=True)
 async def reprice_results(session: Session) -> None:
     return None
+
+
+@rubris.rpc("reprice_result")
+async def reprice_result(session: Session, args: Any) -> None:
+    """A page tab's result of a reprice job, published on "reprice.results" as a worker would."""
+    if not isinstance(args, dict):
+        raise Reject("a result is an object: {job, symbol, fair, worker, attempt, ms}")
+    result = {k: args.get(k) for k in ("job", "symbol", "fair", "worker", "attempt", "ms")}
+    counts = (result["job"], result["attempt"], result["ms"])
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
+        raise Reject("job, attempt and ms are whole numbers")
+    if result["symbol"] not in SYMBOLS:
+        raise Reject(f"unknown symbol {result['symbol']!r}")
+    if not isinstance(result["fair"], int | float) or isinstance(result["fair"], bool):
+        raise Reject("fair is a number")
+    worker = result["worker"]
+    if not isinstance(worker, str) or not 1 <= len(worker) <= 40:
+        raise Reject("worker is a name of 1 to 40 characters")
+    rubris.publish("reprice.results", result)
 
 
 @rubris.shared("reprice.stats", snapshot=True)

@@ -851,3 +851,157 @@ def test_a_trade_published_over_the_http_api_reaches_the_tape(demo: Demo) -> Non
     _time, sym, side, qty, price = row
     assert (sym, side, qty, price) == ("AAPL", "SELL", "777", "123.45")
     demo.assert_clean()
+
+
+# ---- the work queue panel -------------------------------------------------------------------
+
+
+def start_worker(
+    server: DemoServer, name: str, transport: str, log_dir: Path
+) -> subprocess.Popen[bytes]:
+    """``python -m example_app.worker`` against `server`, its output in a log file."""
+    with (log_dir / f"worker-{name}.log").open("ab") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "example_app.worker",
+                "--url",
+                f"{server.url}/rubris",
+                "--name",
+                name,
+                "--work",
+                "0.05",
+                "--transport",
+                transport,
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+# The panel's reading of the "reprice.stats" snapshot.
+QUEUE_STATS = """() => Object.fromEntries(
+    ['waiting', 'outstanding', 'consumers', 'acked', 'returned', 'dead'].map((k) => {
+        const v = document.getElementById('rq-' + k).dataset.value;
+        return [k, v === undefined ? null : Number(v)];
+    }))"""
+
+# The rows of #rq-results: who did which job, at which attempt.
+RESULT_ROWS = """() => [...document.querySelectorAll('#rq-results tr')].map((tr) => ({
+    job: tr.dataset.job, worker: tr.dataset.worker, kind: tr.dataset.kind,
+    attempt: tr.dataset.attempt, mine: tr.classList.contains('mine'),
+    cells: [...tr.cells].map((td) => td.textContent),
+    retry: tr.querySelector('td.attempt').classList.contains('retry'),
+}))"""
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("transport", ["websocket", "longpoll"])
+def test_work_queue_panel(demo: Demo, transport: str, tmp_path: Path) -> None:
+    """The tab works reprice jobs (its own rows marked) next to a Python worker; the stats
+    count both; unticking "This tab works jobs" stops the tab's consumer."""
+    began = time.monotonic()
+    demo.open(f"/?transport={transport}")
+    demo.wait_open(transport)
+    panel = demo.page.locator("#reprice")
+    me = panel.get_attribute("data-worker") or ""
+    assert re.fullmatch(r"tab-[0-9a-f]{4}", me), me
+    assert demo.text("#rq-name") == me
+    assert demo.page.locator("#rq-work").is_checked()
+    assert demo.text(".queue-hint") == (
+        f"Start more workers: python -m example_app.worker --url {demo.server.url}/rubris"
+    )
+
+    # This tab's results come back on the ring, marked as its own; the stats count its work.
+    demo.wait(
+        "(me) => [...document.querySelectorAll('#rq-results tr.mine')]"
+        ".some((tr) => tr.dataset.worker === me)",
+        me,
+        what=f"a result by this tab ({me}) in #rq-results",
+    )
+    mine = [r for r in demo.page.evaluate(RESULT_ROWS) if r["worker"] == me]
+    assert mine and all(r["mine"] and r["kind"] == "mine" for r in mine), mine
+    job, symbol, fair, worker, _attempt, took = mine[0]["cells"]
+    assert re.fullmatch(r"#\d+", job) and symbol and PRICE.match(fair), mine[0]
+    assert worker == f"{me} (this tab)" and took.endswith(" ms"), mine[0]
+    demo.wait(
+        f"() => {{ const s = ({QUEUE_STATS})(); return s.consumers >= 1 && s.acked >= 1; }}",
+        what="#rq-consumers ≥ 1 and #rq-acked ≥ 1",
+    )
+    assert int(panel.get_attribute("data-done") or "0") >= 1
+    assert panel.get_attribute("data-state") == "working"
+
+    # Another tab's result on a later attempt: another colour, the attempt marked.
+    demo.page.evaluate(
+        """() => window.rubris.call('reprice_result', {job: 99999, symbol: 'AAPL', fair: 1.5,
+            worker: 'tab-beef', attempt: 3, ms: 7})"""
+    )
+    demo.wait(
+        "() => document.querySelector('#rq-results tr[data-job=\"99999\"]') !== null",
+        what="the result of tab-beef in #rq-results",
+    )
+    row = next(r for r in demo.page.evaluate(RESULT_ROWS) if r["job"] == "99999")
+    assert (row["kind"], row["mine"], row["retry"]) == ("tab", False, True), row
+    assert row["cells"][2:] == ["1.50", "tab-beef", "↻ 3", "7 ms"], row
+
+    # A Python worker joins: its results show up, and the stats count two consumers.
+    proc = start_worker(demo.server, "py-test", transport, tmp_path)
+    try:
+        demo.wait(
+            "() => document.querySelector('#rq-results tr[data-worker=\"py-test\"]') !== null",
+            what="a result by py-test in #rq-results",
+            timeout=15_000,
+        )
+        row = next(r for r in demo.page.evaluate(RESULT_ROWS) if r["worker"] == "py-test")
+        assert (row["kind"], row["mine"]) == ("py", False), row
+        demo.wait(
+            f"() => ({QUEUE_STATS})().consumers >= 2",
+            what="#rq-consumers to count the tab and py-test",
+        )
+
+        # Untick: the tab lets go of the queue; py-test carries on alone.
+        demo.page.locator("#rq-work").uncheck()
+        demo.wait(
+            "() => document.getElementById('reprice').dataset.state === 'off'",
+            what="#reprice[data-state=off] after unticking",
+        )
+        done = int(panel.get_attribute("data-done") or "0")
+        demo.page.evaluate(
+            """(me) => {
+                window.__afterStop = {mine: 0, others: 0};
+                window.rubris.subscribe('reprice.results', (r) => {
+                    window.__afterStop[r.worker === me ? 'mine' : 'others']++;
+                });
+            }""",
+            me,
+        )
+        demo.wait(
+            f"() => ({QUEUE_STATS})().consumers === 1",
+            what="#rq-consumers to drop to 1 (py-test alone)",
+        )
+        demo.wait(
+            "() => window.__afterStop.others > 0",
+            what="py-test to go on working after the tab stopped",
+        )
+        demo.page.wait_for_timeout(500)
+        after = demo.page.evaluate("() => window.__afterStop")
+        assert after["mine"] == 0, after
+        assert int(panel.get_attribute("data-done") or "0") == done
+        assert demo.text("#rq-state").startswith("off")
+    finally:
+        stop_process(proc)
+    assert time.monotonic() - began < 30
+    demo.assert_clean()

@@ -340,7 +340,7 @@ def test_bunched_acks_do_not_fool_the_estimator() -> None:
     est = PrefetchEstimator(initial=26, maximum=1000, window=10.0)
     est.on_ack(1.104, [1.0])
     t = 1.104
-    for burst in range(30):
+    for _ in range(30):
         t += 0.040
         for i in range(10):  # ten items' ACKs within 0.1 ms
             est.on_ack(t + i * 0.00001, [1.0])

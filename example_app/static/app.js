@@ -3,12 +3,14 @@
 // Everything on the page comes through one rubris client: snapshot topics prices.{symbol}
 // (the watchlist), the ring topic `trades` (the tape), the compressed snapshot topic
 // book.{symbol} (the order book), the private topic `fills`, and the RPCs `symbols`,
-// `place_order` and the streamed `history`.
+// `place_order` and the streamed `history`. The tab also works jobs of the queue topic `reprice`
+// (consume()), competing with other tabs and Python workers; it shows the ring `reprice.results`
+// and the snapshot `reprice.stats`.
 //
 // Messages update plain state; the DOM is painted at most once per animation frame, so a burst
 // of hundreds of prices per second costs one layout per frame, not one per message.
 
-import { connect } from "/rubris/client.js";
+import { ErrorCode, connect } from "/rubris/client.js";
 
 // ?transport=longpoll or ?transport=websocket forces a transport (for demos and tests).
 const wanted = new URLSearchParams(location.search).get("transport");
@@ -409,6 +411,168 @@ function addFill(f) {
   while (fills.rows.length > FILL_ROWS) fills.lastElementChild.remove();
 }
 
+// ---- work queue: reprice jobs -------------------------------------------------------------
+//
+// The server enqueues "reprice" jobs ({job, symbol, last}); every tab of this page and every
+// `python -m example_app.worker` competes for them, each job going to one consumer. The tab's
+// handler "works" a job for 150–450 ms, puts its result on the ring "reprice.results" and
+// returns, which ACKs the job; if it throws (its result refused, say) the job goes back to the
+// queue for another try, and after three tries to the dead letters of "reprice.failed".
+
+const RESULT_ROWS = 12;
+const randomHex = (bytes) => Array.from(crypto.getRandomValues(new Uint8Array(bytes)),
+  (b) => b.toString(16).padStart(2, "0")).join("");
+const WORKER = `tab-${randomHex(2)}`;
+
+const queuePanel = $("reprice");
+const workToggle = $("rq-work");
+const results = $("rq-results");
+let consumer = null; // this tab's Consumer of "reprice" while the toggle is on
+let consumerLive = false; // the server has answered its SUBSCRIBE
+let stopping = null; // the close() of the previous consumer, while its job in hand finishes
+let jobsDone = 0;
+
+const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+
+// A worker PUBLISHes its result ("reprice.results" has client_publish=True); a browser client
+// without publish() hands it to the server's reprice_result RPC, which publishes it the same way.
+const publishResult = typeof client.publish === "function"
+  ? (result) => client.publish("reprice.results", result)
+  : (result) => client.call("reprice_result", result);
+
+async function reprice(item) {
+  const job = item.value;
+  const started = performance.now();
+  await sleep(150 + Math.random() * 300); // the "work"
+  const fair = Math.round(job.last * (0.98 + Math.random() * 0.04) * 100) / 100;
+  const result = {
+    job: job.job,
+    symbol: job.symbol,
+    fair,
+    worker: WORKER,
+    attempt: item.attempt,
+    ms: Math.round(performance.now() - started),
+  };
+  try {
+    await publishResult(result);
+  } catch (err) {
+    // The session was lost meanwhile: the server has taken the job back already and hands it
+    // out again, so there is nothing to ACK or give back (the client sends neither).
+    if (err.code === ErrorCode.SESSION_EXPIRED || err.code === ErrorCode.CLOSED) return;
+    throw err; // refused: the job goes back to the queue (NACK) for another try
+  }
+  jobsDone++;
+  paintWorker();
+} // returning ACKs the job
+
+/** Make the consumer follow the toggle: consume() when ticked, close() when not. */
+function syncWorker() {
+  const want = workToggle.checked;
+  if (want && !consumer && !stopping) {
+    const c = client.consume("reprice", reprice, {
+      // No prefetch: the server sizes it from this tab's round trip and time per job (a job
+      // takes hundreds of round trips, so it settles at 2: one in hand, one on its way).
+      onUnsubscribed: (why) => {
+        if (consumer !== c) return;
+        consumer = null;
+        workToggle.checked = false;
+        notice(`Work queue: the server ended this tab's consumer (${why.reason || why.code})`, "warn");
+        paintWorker();
+      },
+    });
+    consumer = c;
+    consumerLive = false;
+    c.ready.then(() => {
+      if (consumer === c) consumerLive = true;
+      paintWorker();
+    }, (err) => {
+      if (consumer !== c) return; // closed by the toggle before the server answered
+      consumer = null;
+      if (err.code === ErrorCode.TOO_MANY) {
+        // The consumer just closed still holds the topic until the server has answered it.
+        setTimeout(syncWorker, 250);
+      } else {
+        workToggle.checked = false;
+        notice(`Work queue unavailable: ${err.message}`, "warn");
+      }
+      paintWorker();
+    });
+  } else if (!want && consumer) {
+    const c = consumer;
+    consumer = null;
+    consumerLive = false;
+    // Jobs not started go back to the queue; the one in hand is finished (and ACKed) first.
+    stopping = c.close().finally(() => {
+      stopping = null;
+      syncWorker(); // ticked again meanwhile?
+    });
+  }
+  paintWorker();
+}
+
+function paintWorker() {
+  const state = consumer ? (consumerLive ? "working" : "starting") : stopping ? "stopping" : "off";
+  queuePanel.dataset.state = state;
+  queuePanel.dataset.done = String(jobsDone);
+  $("rq-state").textContent = jobsDone ? `${state} · ${fmtQty(jobsDone)} done here` : state;
+}
+
+function paintQueueStats(s) {
+  if (!s || typeof s !== "object") return;
+  const show = (id, v, cls = "") => {
+    const cell = $(id);
+    cell.textContent = fmtQty(v);
+    cell.dataset.value = String(v);
+    if (cls !== null) cell.className = `num ${cls}`;
+  };
+  const dead = s.dead_lettered ?? 0;
+  show("rq-waiting", s.waiting ?? 0);
+  show("rq-outstanding", s.outstanding ?? 0);
+  show("rq-consumers", s.consumers ?? 0, (s.consumers ?? 0) === 0 ? "warn" : "");
+  show("rq-acked", s.acked ?? 0, "up");
+  show("rq-returned", (s.nacked ?? 0) + (s.revoked ?? 0));
+  show("rq-dead", dead, dead > 0 ? "bad" : "");
+}
+
+function addResult(r) {
+  if (!r || typeof r !== "object") return;
+  $("rq-empty").hidden = true;
+  const worker = String(r.worker ?? "?");
+  const kind = worker === WORKER ? "mine" : worker.startsWith("tab-") ? "tab" : "py";
+  const attempt = isNum(r.attempt) ? r.attempt : 1;
+  const tr = el("tr", kind === "mine" ? "mine new" : "new");
+  Object.assign(tr.dataset, { job: String(r.job), worker, kind, attempt: String(attempt) });
+  const chip = el("span", `worker-chip ${kind}`, kind === "mine" ? `${worker} (this tab)` : worker);
+  chip.title = { mine: "this tab", tab: "another tab of the page", py: "a worker process" }[kind];
+  const who = el("td", "worker");
+  who.append(chip);
+  const tries = el("td", attempt > 1 ? "num attempt retry" : "num attempt",
+    attempt > 1 ? `↻ ${attempt}` : String(attempt));
+  if (attempt > 1) tries.title = `delivery ${attempt}: an earlier worker gave the job back or went away`;
+  tr.append(
+    el("td", "num job", `#${r.job}`),
+    el("td", "sym", String(r.symbol ?? "")),
+    el("td", "num", fmtPrice(r.fair)),
+    who,
+    tries,
+    el("td", "num took", isNum(r.ms) ? `${r.ms} ms` : "—"),
+  );
+  results.prepend(tr);
+  while (results.rows.length > RESULT_ROWS) results.lastElementChild.remove();
+}
+
+function startWorkQueue() {
+  queuePanel.dataset.worker = WORKER;
+  $("rq-name").textContent = WORKER;
+  const command = `python -m example_app.worker --url ${location.origin}/rubris`;
+  $("rq-command").textContent = command;
+  $("rq-command").title = `${command} --name py-1 --work 0.3 (Ctrl-C stops it; its jobs go to the others)`;
+  client.subscribe("reprice.stats", paintQueueStats);
+  client.subscribe("reprice.results", addResult);
+  workToggle.addEventListener("change", syncWorker);
+  syncWorker();
+}
+
 // ---- status bar ---------------------------------------------------------------------------
 
 let gapsSeen = 0;
@@ -518,6 +682,7 @@ async function start() {
   if (symbols.length) selectSymbol(symbols[0].symbol);
 }
 
+startWorkQueue();
 start().catch((err) => {
   $("watch-count").textContent = `cannot load instruments: ${err.message}`;
   console.error(err);

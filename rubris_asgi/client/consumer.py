@@ -35,7 +35,9 @@ What the client does for the application:
   CoDel drops is given back (NACK with requeue, counted in ``codel_returned``) instead of
   handed over, so that a consumer that has slowed down sheds the standing queue to consumers
   that are free. The last item in the buffer is never dropped (a queue of one is not a
-  standing queue: RFC 8289's rule). ``codel_target=None`` turns it off.
+  standing queue: RFC 8289's rule), and once the application's time per item is known, CoDel's
+  target and interval are at least one and two of it (for items that take 300 ms, 20 ms of
+  waiting is jitter, not a standing queue). ``codel_target=None`` turns it off.
 - **REVOKE** takes the named items out of the buffer if the application has not taken them
   yet (counted in ``revoked``); an item already taken is left alone (its ACK is still sent,
   and the server ignores it).
@@ -277,6 +279,8 @@ class Consumer(_Topic):
         while items were waiting (0 until measured)."""
         self._taken_at = 0.0
         self._busy = False  # items were left waiting at the last take
+        codel = self.codel
+        self._codel_knobs = (codel.target, codel.interval) if codel is not None else (0.0, 0.0)
 
     def __repr__(self) -> str:
         return (
@@ -428,6 +432,9 @@ class Consumer(_Topic):
         while buffer:
             item = buffer.popleft()
             if codel is not None:
+                if self.service:  # floors in items, as on the server: see queues/consumer.py
+                    codel.target = max(self._codel_knobs[0], self.service)
+                    codel.interval = max(self._codel_knobs[1], 2 * self.service)
                 # the standing queue is what waited beyond one item's processing (a right-sized
                 # prefetch has each item arrive while the one before is being worked); the last
                 # item in the buffer is no queue at all (RFC 8289: nothing to drop below one

@@ -10,7 +10,9 @@ the age of the oldest, less the round trip and two processing times (its own, an
 item the consumer may be busy with when it arrives), is the time it has waited in a standing
 queue inside the consumer. While that has stayed above target for an interval, the most
 recently sent item (the least likely to have been started) is taken back with REVOKE, then the
-next on CoDel's control law. From then until the delay has stayed under target for 16
+next on CoDel's control law. Target and interval are the channel's, but never less than one
+and two of the consumer's processing times: for items that take 300 ms, 20 ms of waiting is
+jitter, not a standing queue. From then until the delay has stayed under target for 16
 intervals (CoDel's memory of a recent standing queue), the consumer gets new items only up to
 its measured prefetch (round trip / processing time + 1), whatever it asked for. This is for
 consumers that do not run CoDel themselves: a third-party client, a stalled tab.
@@ -179,6 +181,13 @@ class QueueSub(Sub):
         if codel is None or not self.live:
             return 0
         out = self.outstanding
+        if est.processing:
+            # knobs in time, floors in items: a standing queue shorter than one item is no
+            # queue, and an interval must see more than one item leave (the source document:
+            # the interval is about the worst processing time of one item)
+            base = self.queue.settings
+            codel.target = max(base.codel_target or codel.target, est.processing)
+            codel.interval = max(base.codel_interval, 2 * est.processing)
         if out:
             oldest_sent = out[next(iter(out))][1]
             # the time an item may take without a standing queue: round trip + processing, plus

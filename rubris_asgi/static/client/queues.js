@@ -83,6 +83,7 @@ export class Consumer extends Subscription {
       ? null
       : new CoDel(opts.codelTarget ?? CONSUMER_DEFAULTS.codelTarget,
         opts.codelInterval ?? CONSUMER_DEFAULTS.codelInterval);
+    this._codelKnobs = this._codel ? [this._codel.target, this._codel.interval] : [0, 0];
     this._maxBuffer = opts.maxBuffer ?? CONSUMER_DEFAULTS.maxBuffer;
     this._buffer = []; // entries in arrival order; revoked ones stay, marked gone, until reached
     this._head = 0;
@@ -317,6 +318,12 @@ export class Consumer extends Subscription {
         if (this._busy && this._takenAt) {
           const sample = t - this._takenAt;
           this.service = this.service ? this.service + SERVICE_GAIN * (sample - this.service) : sample;
+        }
+        if (this._codel && this.service) {
+          // floors in items, as on the server: for items that take 300 ms, 20 ms of waiting
+          // is jitter, not a standing queue
+          this._codel.target = Math.max(this._codelKnobs[0], this.service);
+          this._codel.interval = Math.max(this._codelKnobs[1], 2 * this.service);
         }
         const more = this._byTag.size > 0;
         // The standing queue is what waited beyond one item's handling (a right-sized prefetch

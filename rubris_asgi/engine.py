@@ -40,6 +40,7 @@ from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
 from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
 
+JSON = int(Codec.JSON)
 ITEM_HEADER = 48
 """An ITEM's bytes besides its payload, at most: kind, length, topic, tag, attempt."""
 
@@ -94,6 +95,8 @@ class Engine:
             clock=clock,
         )
         self.scheduler.intake = self.intake
+        self._item_max = self.config.pool.max_size - ITEM_HEADER
+        """Queue payloads up to this size need no size check."""
         self._numbers = itertools.count(1)
         self.on_session_end: Callable[[Session], None] | None = None
 
@@ -423,22 +426,36 @@ class Engine:
             q.dead_letter = self.queue_of(dl, found[0], registry)
         return q
 
-    def queue_item(self, q: QueueTopic, value: Any, item_id: str | None = None) -> QueueItem:
-        """A new item for ``q``: encoded and compressed once. Raises ``MessageTooLarge``."""
-        payload = encode_payload(value, q.codec)
-        data, compressed = self.compression.maybe_compress(payload, q.compress_at)
-        self.check_item(len(data))
-        return QueueItem(data, compressed, item_id, self.clock())
-
     def enqueue(self, q: QueueTopic, value: Any, item_id: str | None = None) -> bool:
         """Add one item, O(1): False when ``item_id`` is a duplicate (nothing added); raises
         ``QueueFull`` at the queue's ``max_length`` and ``MessageTooLarge`` over the maximum."""
-        if not q.room():
+        ready = q.ready
+        if len(ready) >= q.settings.max_length:
             raise QueueFull(f"queue {q.name!r} is full ({q.settings.max_length} waiting)")
-        item = self.queue_item(q, value, item_id)
-        if q.duplicate(item_id, item.enqueued):
+        # the producer's hot path: encode once, deflate only from the threshold, size-check
+        # only what could be too large (each a call saved on the common small item)
+        kind = type(value)
+        if kind is bytes:
+            payload = value
+        elif q.codec == JSON and kind is not bytearray and kind is not memoryview:
+            payload = orjson.dumps(value)  # what encode_payload does for these, one call less
+        else:
+            payload = encode_payload(value, q.codec)
+        at = q.compress_at
+        if at is not None and len(payload) >= at:
+            payload, compressed = self.compression.maybe_compress(payload, at)
+        else:
+            compressed = False
+        if len(payload) > self._item_max:
+            self.check_item(len(payload))
+        now = self.clock()
+        if item_id is not None and q.duplicate(item_id, now):
             return False
-        q.put(item)
+        ready.append(QueueItem(payload, compressed, item_id, now))
+        q.stats.enqueued += 1
+        if not q.dirty and q.consumers:
+            q.dirty = True
+            self.scheduler.queue_dirty(q)
         return True
 
     def check_item(self, size: int) -> None:

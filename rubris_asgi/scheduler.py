@@ -13,8 +13,8 @@ One publish reaching a thousand sockets::
                  4. serve        for each pending session that is READY: lease a buffer, take
                                  the direct queue first, then one message per pending topic
                                  (private and queue topics: up to their batch depth; a queue
-                                 item is tagged as it goes into the frame); topics with more
-                                 waiting rotate behind the ones not reached; stop when the
+                                 item is tagged as its ITEM is built into the frame); topics
+                                 with more waiting rotate behind the ones not reached; stop when the
                                  buffer is full; hand the frame to the transport (never awaited)
 
 A cycle's cost is (sessions with work) × (their pending topics) plus the subscriptions of the
@@ -35,7 +35,8 @@ from .buffers import FrameBuffer, SizeClass, WriterPool
 from .config import FlowConfig
 from .flow import current_interval
 from .intake import Intake
-from .protocol import Gap, encode, item_message
+from .protocol import Gap, encode, encode_uv
+from .protocol.wire import BYTE
 from .queues import QueueSub, QueueTopic
 from .session import Session, SessionState
 from .topics import PRIVATE, RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
@@ -300,11 +301,18 @@ class Scheduler:
                         qs.queue.active[qs] = None
                     tag = qs.tag
                     k = qs.queue.settings.batch
+                    topic_uv = encode_uv(qs.number)
                     while lane and k:
                         job = lane[0]
-                        m = item_message(
-                            qs.number, tag + 1, job.attempt + 1, job.payload, job.compressed
+                        # ITEM, as protocol.item_message builds it, with the topic's uv once
+                        attempt = job.attempt + 1
+                        body = (
+                            topic_uv
+                            + encode_uv(tag + 1)
+                            + (BYTE[attempt] if attempt < 0x80 else encode_uv(attempt))
+                            + job.payload
                         )
+                        m = (b"\x8c" if job.compressed else b"\x0c") + encode_uv(len(body)) + body
                         n = len(m)
                         if size + n > cap:
                             if size or (lease := self.pool.acquire(n)) is None:

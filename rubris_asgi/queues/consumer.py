@@ -45,7 +45,6 @@ class QueueSub(Sub):
         "codel",
         "capped_until",
         "live",
-        "dealt",
     )
 
     def __init__(self, session: object, queue: QueueTopic, prefetch: int | None) -> None:
@@ -68,7 +67,6 @@ class QueueSub(Sub):
         """Held to its measured prefetch until then: CoDel took items back lately."""
         self.live = False
         """Connected: a consumer whose connection is gone gets nothing (and holds nothing)."""
-        self.dealt = False  # got items in the deal under way (QueueTopic.deal's bookkeeping)
 
     @property
     def prefetch(self) -> int:

@@ -47,7 +47,6 @@ class Consumer(Protocol):
 
     lane: deque[QueueItem]
     outstanding: dict[int, Any]
-    dealt: bool
 
     def credit(self) -> int: ...
 
@@ -193,23 +192,34 @@ class QueueTopic:
         """Hand waiting items to consumers with free prefetch, one each in rotation."""
         ready = self.ready
         consumers: deque[Consumer] = self.consumers
-        touched: list[Consumer] = []
-        misses = 0
-        n = len(consumers)
-        while ready and misses < n:
-            c = consumers[0]
-            consumers.rotate(-1)
-            if c.credit() > 0:
-                c.lane.append(ready.popleft())
-                if not c.dealt:
-                    c.dealt = True
-                    touched.append(c)
-                misses = 0
-            else:
-                misses += 1
-        for c in touched:
-            c.dealt = False
-            on_dealt(c)
+        if ready and consumers:
+            # each consumer's free prefetch once, then rounds of one item each in rotation
+            order: list[Consumer] = []
+            credit: list[int] = []
+            for c in consumers:
+                k = c.credit()
+                if k > 0:
+                    order.append(c)
+                    credit.append(k)
+            touched = order[: len(ready)]
+            last: Consumer | None = None
+            while ready and order:
+                more: list[Consumer] = []
+                left: list[int] = []
+                for c, k in zip(order, credit, strict=True):
+                    if not ready:
+                        break
+                    c.lane.append(ready.popleft())
+                    last = c
+                    if k > 1:
+                        more.append(c)
+                        left.append(k - 1)
+                order, credit = more, left
+            if last is not None:
+                # the rotation goes on after the last consumer served
+                consumers.rotate(-(consumers.index(last) + 1))
+            for c in touched:
+                on_dealt(c)
         if self.waiters:
             free = self.settings.max_length - len(ready)
             while self.waiters and free > 0:

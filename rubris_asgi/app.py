@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -46,6 +47,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 QUEUE_TICK = 0.005
 """Seconds between server-side CoDel checks: well under CoDel's interval / sqrt(count) steps."""
+
+
+async def _room(waiters: deque[Callable[[], None]]) -> None:
+    """Wait until the queue owning ``waiters`` calls us back because room freed (a private
+    queue's ACK, a work queue's deal), or it is given up (the session ended)."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    waiters.append(wake)
+    try:
+        await fut
+    finally:
+        with contextlib.suppress(ValueError):
+            waiters.remove(wake)
 
 
 def _total(parts: Any) -> QueueStats:
@@ -271,18 +289,7 @@ class Rubris:
                 return self.engine.enqueue(q, value, id)
             except QueueFull:
                 pass
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-            def wake(fut: asyncio.Future[None] = fut) -> None:
-                if not fut.done():
-                    fut.set_result(None)
-
-            q.waiters.append(wake)
-            try:
-                await fut
-            finally:
-                with contextlib.suppress(ValueError):
-                    q.waiters.remove(wake)
+            await _room(q.waiters)
 
     def queue_stats(self, name: str) -> QueueStats:
         """Counters and gauges of the queue topic ``name`` (``KeyError`` if it has not been
@@ -304,18 +311,7 @@ class Rubris:
                 return self.engine.send_nowait(session, q, value)
             except QueueFull:
                 pass
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-            def wake(fut: asyncio.Future[None] = fut) -> None:
-                if not fut.done():
-                    fut.set_result(None)
-
-            q.waiters.append(wake)
-            try:
-                await fut
-            finally:
-                with contextlib.suppress(ValueError):
-                    q.waiters.remove(wake)
+            await _room(q.waiters)
             if session.state is SessionState.CLOSED:
                 raise SessionClosed(f"session {session.id[:8]}… has ended")
 

@@ -566,6 +566,28 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
     }
 
 
+def prepare_load(banner: str) -> bool:
+    """This process as a bench's load: as many sockets as it may open, pinned to LOAD_CORE when
+    there are two cores (returns whether it pinned), and the bench's first line printed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    pin = (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity")
+    if pin:
+        os.sched_setaffinity(0, {LOAD_CORE})
+    else:
+        print("fewer than 2 cores: server and load share the CPU, figures are pessimistic")
+    print(banner, flush=True)
+    return pin
+
+
+def quick_or_full(args: argparse.Namespace, defaults: dict[str, tuple[float, float]]) -> None:
+    """Fill the options left unset with their ``(--quick, full)`` default."""
+    for key, (quick, full) in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -606,23 +628,11 @@ def main() -> None:
         help="with --clients: comma-separated max, half, or a delivered rate such as 200000",
     )
     args = ap.parse_args()
-    if args.warmup is None:
-        args.warmup = 0.5 if args.quick else 1.0
-    if args.measure is None:
-        args.measure = 3.0 if args.quick else 5.0
+    quick_or_full(args, {"warmup": (0.5, 1.0), "measure": (3.0, 5.0)})
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    pin = (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity")
-    if pin:
-        os.sched_setaffinity(0, {LOAD_CORE})
-    else:
-        print("fewer than 2 cores: server and load share the CPU, figures are pessimistic")
-    print(
+    pin = prepare_load(
         f"fanout: cores={os.cpu_count()} python={sys.version.split()[0]} "
-        f"server core {SERVER_CORE}, load core {LOAD_CORE}, decode={args.decode}",
-        flush=True,
+        f"server core {SERVER_CORE}, load core {LOAD_CORE}, decode={args.decode}"
     )
     try:
         summary = uvloop.run(amain(args, pin))

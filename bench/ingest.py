@@ -77,7 +77,6 @@ import contextlib
 import gc
 import math
 import os
-import resource
 import sys
 import time
 from typing import Any
@@ -99,7 +98,16 @@ from _ingest_load import (  # noqa: E402
     unreceived,
 )
 from fanout import Server as FanoutServer  # noqa: E402
-from fanout import core_usage, cpu_ticks, http, load_cpu, pct, wait_quiet  # noqa: E402
+from fanout import (  # noqa: E402
+    core_usage,
+    cpu_ticks,
+    http,
+    load_cpu,
+    pct,
+    prepare_load,
+    quick_or_full,
+    wait_quiet,
+)
 
 from rubris_asgi import Limits  # noqa: E402
 
@@ -717,22 +725,11 @@ def main() -> None:
         "calib_measure": (2.0, 3.0),
         "phase": (5.0, 8.0),
     }
-    for key, (quick, full) in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, quick if args.quick else full)
+    quick_or_full(args, defaults)
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    pin = (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity")
-    if pin:
-        os.sched_setaffinity(0, {LOAD_CORE})
-    else:
-        print("fewer than 2 cores: server and load share the CPU, figures are pessimistic")
-    print(
+    pin = prepare_load(
         f"ingest: cores={os.cpu_count()} python={sys.version.split()[0]} server core "
-        f"{SERVER_CORE}, load core {LOAD_CORE}{' (quick)' if args.quick else ''}",
-        flush=True,
+        f"{SERVER_CORE}, load core {LOAD_CORE}{' (quick)' if args.quick else ''}"
     )
     started = time.monotonic()
     try:

@@ -99,7 +99,6 @@ import gc
 import json
 import math
 import os
-import resource
 import statistics
 import sys
 import time
@@ -113,7 +112,15 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 from _queues_load import Counter, DelayLine, Ledger, Worker  # noqa: E402
 from fanout import Server as FanoutServer  # noqa: E402
-from fanout import core_usage, cpu_ticks, http, load_cpu, wait_quiet  # noqa: E402
+from fanout import (  # noqa: E402
+    core_usage,
+    cpu_ticks,
+    http,
+    load_cpu,
+    prepare_load,
+    quick_or_full,
+    wait_quiet,
+)
 
 from rubris_asgi.buffers import FrameBuffer  # noqa: E402
 from rubris_asgi.channels import Registry  # noqa: E402
@@ -747,22 +754,11 @@ def main() -> None:
         "warmup": (3.0, 5.0),
         "slow": (5.0, 10.0),
     }
-    for key, (quick, full) in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, quick if args.quick else full)
+    quick_or_full(args, defaults)
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    pin = (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity")
-    if pin:
-        os.sched_setaffinity(0, {LOAD_CORE})
-    else:
-        print("fewer than 2 cores: server and load share the CPU, figures are pessimistic")
-    print(
+    pin = prepare_load(
         f"queues: cores={os.cpu_count()} python={sys.version.split()[0]} server core "
-        f"{SERVER_CORE}, load core {LOAD_CORE}{' (quick)' if args.quick else ''}",
-        flush=True,
+        f"{SERVER_CORE}, load core {LOAD_CORE}{' (quick)' if args.quick else ''}"
     )
     started = time.monotonic()
     engine = {"items_per_s": 0.0} if args.skip_engine else run_engine(args)

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
-from websockets.asyncio.server import serve
-from websockets.typing import Subprotocol
 
 from rubris_asgi import Rubris, Session
 from rubris_asgi.client import (
@@ -46,20 +43,6 @@ from .apps import make_rubris, starlette_app
 from .server import run_server
 from .test_client_unit import WAIT, FakeConn, FakeServer, connected, eventually, js
 from .wirekit import until
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeServer]:
-    fake = FakeServer()
-    async with serve(
-        fake.handler,
-        "127.0.0.1",
-        0,
-        subprotocols=[Subprotocol("rubris.v1")],
-        compression=None,
-    ) as srv:
-        fake.port = srv.sockets[0].getsockname()[1]
-        yield fake
 
 
 class Clock:

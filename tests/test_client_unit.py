@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import httpx
 import orjson
 import pytest
-from websockets.asyncio.server import ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.typing import Subprotocol
 
 from rubris_asgi.client import (
     CallError,
@@ -141,20 +139,6 @@ class FakeServer:
 
     async def next_conn(self) -> FakeConn:
         return await asyncio.wait_for(self.conns.get(), WAIT)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeServer]:
-    fake = FakeServer()
-    async with serve(
-        fake.handler,
-        "127.0.0.1",
-        0,
-        subprotocols=[Subprotocol("rubris.v1")],
-        compression=None,
-    ) as srv:
-        fake.port = srv.sockets[0].getsockname()[1]
-        yield fake
 
 
 async def connected(server: FakeServer, **kw: Any) -> tuple[Client, FakeConn]:

@@ -21,7 +21,7 @@ import base64
 import binascii
 import hmac
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -29,10 +29,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from .batches import ItemRef, parse_item
+from .batches.service import Batches
 from .channels import Channel, Registry
 from .config import Config
 from .engine import Engine
-from .errors import MessageTooLarge, ProtocolError, Reject
+from .errors import BatchError, MessageTooLarge, ProtocolError, Reject
 from .protocol import Codec, Mode
 from .queues import QueueTopic
 
@@ -50,7 +52,7 @@ MAX_ID = 256
 """Bytes in an item id at most."""
 
 
-class _Refusal(Exception):
+class Refusal(Exception):
     """One answer other than 200: its status, reason and the index of the entry at fault."""
 
     def __init__(self, status: int, error: str, index: int | None = None) -> None:
@@ -77,6 +79,8 @@ class HttpApi:
         self.config = config
         self._token = token.encode() if token is not None else None
         self._authorize = authorize
+        self.batches: Batches | None = None
+        """Batch tracking, for ``batch_item`` (set by ``Rubris`` when it is on)."""
         self.accepting = True
         """False from the start of a graceful shutdown: requests get 503."""
 
@@ -98,21 +102,21 @@ class HttpApi:
         """POST {mount}/api/publish."""
         try:
             if not self.accepting:
-                raise _Refusal(503, "server shutting down")
-            self._check_token(request)
+                raise Refusal(503, "server shutting down")
+            self.check_token(request)
             if not self.engine.intake.room(1, 0):
                 return self._full()  # before the body is read and parsed: a flood costs little
-            body = await self._body(request)
+            body = await self.read_body(request)
             entries = self._parse(request.headers.get("content-type", ""), body)
             channels: dict[str, Channel | None] = {}  # per request: a name is matched once
             staged = [self._stage(index, entry, channels, False) for index, entry in entries]
-            await self._check_authorised(request, staged)
+            await self.check_authorised(request, [(e[0], e[1]) for e in staged])
             engine = self.engine
-            items = [(engine.topic_of(name, ch), payload) for _i, name, ch, payload, _ in staged]
-        except _Refusal as r:
-            return self._refusal(r)
+            items = [(engine.topic_of(name, ch), payload) for _i, name, ch, payload, *_ in staged]
+        except Refusal as r:
+            return self.refusal(r)
         except ProtocolError as exc:  # too many topics on this server
-            return self._refusal(_Refusal(503, str(exc)))
+            return self.refusal(Refusal(503, str(exc)))
         if not engine.offer(items):
             return self._full(len(items))
         return self._answer({"accepted": len(items), "duplicates": 0})
@@ -122,23 +126,29 @@ class HttpApi:
         queues: list[QueueTopic] = []
         try:
             if not self.accepting:
-                raise _Refusal(503, "server shutting down")
-            self._check_token(request)
-            body = await self._body(request)
+                raise Refusal(503, "server shutting down")
+            self.check_token(request)
+            body = await self.read_body(request)
             entries = self._parse(request.headers.get("content-type", ""), body)
             channels: dict[str, Channel | None] = {}
             staged = [self._stage(index, entry, channels, True) for index, entry in entries]
-            await self._check_authorised(request, staged)
+            refs = [(e[0], e[5]) for e in staged if e[5] is not None]
+            await self.check_authorised(
+                request,
+                [(e[0], e[1]) for e in staged] + [(i, f"batch.{r.batch}") for i, r in refs],
+            )
+            if refs:
+                await self._check_batch_items(refs)
             engine = self.engine
             items = [
-                (engine.queue_of(name, ch, self.registry), payload, item_id)
-                for _i, name, ch, payload, item_id in staged
+                (engine.queue_of(name, ch, self.registry), payload, item_id, _str(ref))
+                for _i, name, ch, payload, item_id, ref in staged
             ]
-            queues = list({q.number: q for q, _p, _id in items}.values())
-        except _Refusal as r:
-            return self._refusal(r, queues)
+            queues = list({q.number: q for q, _p, _id, _b in items}.values())
+        except Refusal as r:
+            return self.refusal(r, queues)
         except ProtocolError as exc:  # too many topics on this server
-            return self._refusal(_Refusal(503, str(exc)), queues)
+            return self.refusal(Refusal(503, str(exc)), queues)
         duplicates = engine.offer_items(items)
         if duplicates is None:
             full = [q.name for q in queues if not q.room()] or [q.name for q in queues]
@@ -158,23 +168,23 @@ class HttpApi:
 
     # checks, in the order a request meets them
 
-    def _check_token(self, request: Request) -> None:
+    def check_token(self, request: Request) -> None:
         if self._token is None:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), self._token):
-            raise _Refusal(401, "a valid bearer token is required")
+            raise Refusal(401, "a valid bearer token is required")
 
-    async def _body(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
         limit = self.config.limits.api_body
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            raise _Refusal(413, f"the body is over the limit of {limit} bytes")
+            raise Refusal(413, f"the body is over the limit of {limit} bytes")
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
-                raise _Refusal(413, f"the body is over the limit of {limit} bytes")
+                raise Refusal(413, f"the body is over the limit of {limit} bytes")
         return bytes(body)
 
     @staticmethod
@@ -188,36 +198,37 @@ class HttpApi:
                     try:
                         entries.append((i, orjson.loads(line)))
                     except orjson.JSONDecodeError as exc:
-                        raise _Refusal(400, f"line {i} is not JSON: {exc}", i) from None
+                        raise Refusal(400, f"line {i} is not JSON: {exc}", i) from None
             if not entries:
-                raise _Refusal(400, "the body holds no entries")
+                raise Refusal(400, "the body holds no entries")
             return entries
         if kind != _JSON:
-            raise _Refusal(415, f"the body must be {_JSON} or {_NDJSON}, not {kind or 'untyped'}")
+            raise Refusal(415, f"the body must be {_JSON} or {_NDJSON}, not {kind or 'untyped'}")
         try:
             value = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
-            raise _Refusal(400, f"the body is not JSON: {exc}") from None
+            raise Refusal(400, f"the body is not JSON: {exc}") from None
         if isinstance(value, dict):
             return [(0, value)]
         if isinstance(value, list) and value:
             return list(enumerate(value))
-        raise _Refusal(400, "the body must be an entry or a non-empty list of entries")
+        raise Refusal(400, "the body must be an entry or a non-empty list of entries")
 
     def _stage(
         self, index: int, entry: Any, channels: dict[str, Channel | None], queue: bool
-    ) -> tuple[int, str, Channel, bytes, str | None]:
-        """One entry checked and encoded: (index, topic, channel, payload, item id)."""
+    ) -> tuple[int, str, Channel, bytes, str | None, ItemRef | None]:
+        """One entry checked and encoded: (index, topic, channel, payload, item id, batch
+        item)."""
         if not isinstance(entry, dict):
-            raise _Refusal(400, f"an entry must be an object, got {_json_type(entry)}", index)
+            raise Refusal(400, f"an entry must be an object, got {_json_type(entry)}", index)
         extra = entry.keys() - (_ENQUEUE_KEYS if queue else _PUBLISH_KEYS)
         if extra:
-            raise _Refusal(400, f"unknown field {sorted(extra)[0]!r}", index)
+            raise Refusal(400, f"unknown field {sorted(extra)[0]!r}", index)
         name = entry.get("topic")
         if not isinstance(name, str) or not name:
-            raise _Refusal(400, "topic must be a non-empty string", index)
+            raise Refusal(400, "topic must be a non-empty string", index)
         if len(name.encode()) > self.config.limits.max_topic_name:
-            raise _Refusal(400, "topic name too long", index)
+            raise Refusal(400, "topic name too long", index)
         if name in channels:
             ch = channels[name]
         else:
@@ -228,14 +239,21 @@ class HttpApi:
             ch = channels[name] = found[0] if found is not None and wanted else None
         if ch is None:
             kind = "queue" if queue else "shared"
-            raise _Refusal(404, f"no {kind} channel offers the topic {name!r}", index)
+            raise Refusal(404, f"no {kind} channel offers the topic {name!r}", index)
         item_id = entry.get("id")
         if item_id is not None and (
             not isinstance(item_id, str) or not item_id or len(item_id.encode()) > MAX_ID
         ):
-            raise _Refusal(400, f"id must be a non-empty string of at most {MAX_ID} bytes", index)
-        if entry.get("batch_item") is not None:
-            raise _Refusal(400, "batch_item: batch tracking is not offered by this server", index)
+            raise Refusal(400, f"id must be a non-empty string of at most {MAX_ID} bytes", index)
+        batch_item = entry.get("batch_item")
+        ref = None
+        if batch_item is not None:
+            if self.batches is None:
+                raise Refusal(400, "batch_item: batch tracking is off on this server", index)
+            try:
+                ref = parse_item(batch_item)
+            except BatchError as exc:
+                raise Refusal(400, f"batch_item: {exc.reason}", index) from None
         payload = _payload(ch.codec, entry, index)
         try:
             if queue:
@@ -243,17 +261,27 @@ class HttpApi:
             else:
                 self.engine.check_payload(len(payload))
         except MessageTooLarge as exc:
-            raise _Refusal(400, str(exc), index) from None
-        return index, name, ch, payload, item_id
+            raise Refusal(400, str(exc), index) from None
+        return index, name, ch, payload, item_id, ref
 
-    async def _check_authorised(
-        self, request: Request, staged: list[tuple[int, str, Channel, bytes, str | None]]
+    async def _check_batch_items(self, refs: list[tuple[int, ItemRef]]) -> None:
+        """Every batch item names an item of a known batch (404 / 400 naming the entry)."""
+        assert self.batches is not None
+        try:
+            await self.batches.check([r for _i, r in refs])
+        except BatchError as exc:
+            index = next((i for i, r in refs if str(r) == exc.item), None)
+            raise Refusal(exc.status, f"batch_item: {exc.reason}", index) from None
+
+    async def check_authorised(
+        self, request: Request, names: Sequence[tuple[int | None, str]]
     ) -> None:
+        """Ask the hook once per topic ``name`` (403 naming the entry ``index`` at fault)."""
         authorize = self._authorize
         if authorize is None:
             return
         asked: set[str] = set()
-        for index, name, _ch, _payload, _id in staged:
+        for index, name in names:
             if name in asked:
                 continue
             asked.add(name)
@@ -262,9 +290,9 @@ class HttpApi:
                 if inspect.isawaitable(allowed):
                     allowed = await allowed
             except Reject as r:
-                raise _Refusal(403, r.reason, index) from None
+                raise Refusal(403, r.reason, index) from None
             if not allowed:
-                raise _Refusal(403, f"not allowed to publish to {name!r}", index)
+                raise Refusal(403, f"not allowed to publish to {name!r}", index)
 
     # answers
 
@@ -282,7 +310,7 @@ class HttpApi:
         all_headers = {FILL_HEADER: str(fill), **(headers or {})}
         return Response(orjson.dumps(body), status, all_headers, media_type=_JSON)
 
-    def _refusal(self, r: _Refusal, queues: list[QueueTopic] | None = None) -> Response:
+    def refusal(self, r: Refusal, queues: list[QueueTopic] | None = None) -> Response:
         body: dict[str, Any] = {"error": r.error, "index": r.index}
         headers = {"WWW-Authenticate": "Bearer"} if r.status == 401 else None
         return self._answer(body, r.status, headers, queues)
@@ -292,21 +320,25 @@ def _payload(codec: int, entry: dict[str, Any], index: int) -> bytes:
     """The bytes a topic of ``codec`` stores for ``entry`` (protocol.md section 8b)."""
     if codec == Codec.BYTES:
         if "data" in entry or not isinstance(entry.get("data_b64"), str):
-            raise _Refusal(400, "a bytes topic takes data_b64, a base64 string", index)
+            raise Refusal(400, "a bytes topic takes data_b64, a base64 string", index)
         try:
             return base64.b64decode(entry["data_b64"], validate=True)
         except (binascii.Error, ValueError):
-            raise _Refusal(400, "data_b64 is not valid base64", index) from None
+            raise Refusal(400, "data_b64 is not valid base64", index) from None
     if "data_b64" in entry:
-        raise _Refusal(400, "data_b64 is only for bytes topics; use data", index)
+        raise Refusal(400, "data_b64 is only for bytes topics; use data", index)
     if "data" not in entry:
-        raise _Refusal(400, "the entry has no data", index)
+        raise Refusal(400, "the entry has no data", index)
     data = entry["data"]
     if codec == Codec.TEXT:
         if not isinstance(data, str):
-            raise _Refusal(400, f"a text topic takes a string, got {_json_type(data)}", index)
+            raise Refusal(400, f"a text topic takes a string, got {_json_type(data)}", index)
         return data.encode()
     return orjson.dumps(data)
+
+
+def _str(ref: ItemRef | None) -> str | None:
+    return None if ref is None else str(ref)
 
 
 def _json_type(value: Any) -> str:

@@ -25,6 +25,10 @@ from starlette.types import Receive, Scope, Send
 
 from .api import AuthorizeApi, HttpApi
 from .assets import Assets
+from .batch_api import BatchApi
+from .batch_topics import AuthorizeBatch, BatchTopics
+from .batches import BatchStore, ItemRef, SQLiteBatchStore, parse_item
+from .batches.service import Batches
 from .buffers import PoolStats
 from .channels import _UNSET, Registry
 from .compression import CompressionStats, Compressor, Decompressor
@@ -64,6 +68,21 @@ async def _room(waiters: deque[Callable[[], None]]) -> None:
     finally:
         with contextlib.suppress(ValueError):
             waiters.remove(wake)
+
+
+def _batches(spec: Batches | BatchStore | str | bool, config: Config) -> Batches | None:
+    """``Rubris(batches=...)`` made into the ``Batches`` it means (None: off)."""
+    if spec is False:
+        return None
+    if isinstance(spec, Batches):
+        return spec
+    if spec is True:
+        spec = SQLiteBatchStore()
+    elif isinstance(spec, str):
+        spec = SQLiteBatchStore(spec)
+    if not isinstance(spec, BatchStore):
+        raise TypeError(f"batches: a BatchStore, a path or a bool, got {type(spec).__name__}")
+    return Batches(spec, config.batches)
 
 
 def _total(parts: Any) -> QueueStats:
@@ -107,6 +126,12 @@ class Rubris:
         authorize_api: ``f(request, topic) -> bool`` (may be async; ``Reject`` refuses with its
             reason): turns on the HTTP API and decides per topic (403 when it says no). With
             neither, the API's paths do not exist.
+        batches: batch tracking (``Rubris.batches``, ``{mount}/api/batches``, ``batch.{id}``):
+            a ``BatchStore`` (``SQLiteBatchStore``, ``RedisBatchStore``, ...), a SQLite file's
+            path, a ready ``Batches``, True (the default: ``rubris-batches.sqlite3`` in the
+            working directory, created when the first batch is opened) or False (off).
+        authorize_batch: ``f(session, batch) -> bool`` (may be async), asked when a session
+            subscribes to ``batch.{id}``; without it, knowing the (random) id is enough.
     """
 
     def __init__(
@@ -121,6 +146,8 @@ class Rubris:
         clock: Callable[[], float] | None = None,
         api_token: str | None = None,
         authorize_api: AuthorizeApi | None = None,
+        batches: Batches | BatchStore | str | bool = True,
+        authorize_batch: AuthorizeBatch | None = None,
     ) -> None:
         config = config or Config()
         if compress_at is not _UNSET:
@@ -146,6 +173,13 @@ class Rubris:
         self.api = HttpApi(
             self.engine, self.registry, config, token=api_token, authorize=authorize_api
         )
+        self._batches = _batches(batches, config)
+        batch_routes = []
+        if self._batches is not None:
+            self.engine.on_item_end = self._batches.item_ended
+            self.api.batches = self._batches
+            BatchTopics(self.engine, self.registry, self._batches, authorize_batch)
+            batch_routes = BatchApi(self.api, self._batches).routes()
         self.assets = Assets()
         self.router = Router(
             routes=[
@@ -156,6 +190,7 @@ class Rubris:
                 Route("/client.js", self._client_js, methods=["GET", "HEAD"]),
                 Route("/client/{name:path}", self._client_module, methods=["GET", "HEAD"]),
                 *self.api.routes(),
+                *batch_routes,
             ]
         )
 
@@ -271,25 +306,63 @@ class Rubris:
             raise ProtocolError(f"no queue channel matches {name!r}", ErrorCode.UNKNOWN)
         return self.engine.queue_of(name, found[0], self.registry)
 
-    def enqueue(self, name: str, value: Any, *, id: str | None = None) -> bool:  # noqa: A002
+    def enqueue(
+        self,
+        name: str,
+        value: Any,
+        *,
+        id: str | None = None,  # noqa: A002
+        batch_item: str | None = None,
+    ) -> bool:
         """Add a work item to the queue topic ``name``; O(1), never blocks.
 
         ``id`` is the producer's idempotency key: an id seen within the queue's dedup window
         (10 minutes, at most 1,000,000 ids) is not enqueued again and the call returns False.
+        ``batch_item`` (an item id of ``rubris.batches``) is marked done when a consumer ACKs
+        the item, failed when the item is dead-lettered; its form is checked here
+        (``MalformedItem``), its batch when it ends (``put`` checks both now).
         Raises ``QueueFull`` at the queue's ``max_length``, ``ProtocolError`` (code 3) when no
         queue channel matches ``name`` and ``MessageTooLarge`` over the writer pool's maximum.
         """
-        return self.engine.enqueue(self._queue(name), value, id)
+        if batch_item is not None:
+            self._batch_item(batch_item)
+        return self.engine.enqueue(self._queue(name), value, id, batch_item)
 
-    async def put(self, name: str, value: Any, *, id: str | None = None) -> bool:  # noqa: A002
-        """``enqueue``, waiting while the queue is full (back-pressure on the producer)."""
+    async def put(
+        self,
+        name: str,
+        value: Any,
+        *,
+        id: str | None = None,  # noqa: A002
+        batch_item: str | None = None,
+    ) -> bool:
+        """``enqueue``, waiting while the queue is full (back-pressure on the producer).
+
+        A ``batch_item`` must name an item of a known batch (``UnknownBatch``,
+        ``ItemOutOfRange`` otherwise)."""
         q = self._queue(name)
+        if batch_item is not None:
+            await self.batches.check([self._batch_item(batch_item)])
         while True:
             try:
-                return self.engine.enqueue(q, value, id)
+                return self.engine.enqueue(q, value, id, batch_item)
             except QueueFull:
                 pass
             await _room(q.waiters)
+
+    def _batch_item(self, text: str) -> ItemRef:
+        if self._batches is None:
+            raise RuntimeError("batch_item needs batch tracking, which is off (batches=False)")
+        return parse_item(text)
+
+    @property
+    def batches(self) -> Batches:
+        """Batch tracking: ``open``, ``add``, ``seal``, ``ack``, ``fail``, ``status``.
+
+        Raises ``RuntimeError`` when it is off (``Rubris(batches=False)``)."""
+        if self._batches is None:
+            raise RuntimeError("batch tracking is off: Rubris(batches=False)")
+        return self._batches
 
     def queue_stats(self, name: str) -> QueueStats:
         """Counters and gauges of the queue topic ``name`` (``KeyError`` if it has not been
@@ -420,6 +493,9 @@ class Rubris:
             loop.create_task(self._housekeeping(), name="rubris-housekeeping"),
             loop.create_task(self._queue_ticks(), name="rubris-queue-ticks"),
         ]
+        if self._batches is not None:
+            await self._batches.store.start()
+            self._tasks.append(loop.create_task(self._batches.run(), name="rubris-batches"))
         self.started = True
 
     async def drain(self) -> None:
@@ -459,6 +535,11 @@ class Rubris:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         await self.dispatcher.cancel_all()
+        if self._batches is not None:
+            # what consumers ACKed before the end reaches the store before it closes
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._batches.flush(), self.config.timing.shutdown_drain)
+            await self._batches.store.close()
         self.engine.scheduler.wake = lambda: None
 
     def _draining(self, s: Session) -> bool:

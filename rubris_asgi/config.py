@@ -113,6 +113,34 @@ class FlowConfig:
 
 
 @dataclass(frozen=True)
+class BatchConfig:
+    """Batch tracking (protocol.md 8c): how long batches live, how big they may grow. Seconds.
+
+    >>> BatchConfig(expiry=3600).keep
+    86400.0
+    """
+
+    expiry: float = 7 * 86400.0
+    """An open batch with no activity (add, ack, seal) this long ends as ``expired``."""
+    sealed_expiry: float = 7 * 86400.0
+    """The same for a sealed batch still waiting for acks."""
+    keep: float = 86400.0
+    """A complete or expired batch is kept this long after it ended, then forgotten (404)."""
+    sweep_every: float = 60.0
+    """Seconds between two runs of the sweeper that expires and forgets batches."""
+    max_items: int = 100_000_000
+    """Items in one batch at most (12.5 MB of bits): an add past it is refused (400)."""
+    max_groups: int = 1_000_000
+    """Adds to one batch at most (each is a group): refused past it (400)."""
+    max_pending: int = 1_000_000
+    """Queue-item ends (ACKs, dead letters) waiting to reach the store; past it they are
+    dropped, logged and counted (their batch then expires instead of completing)."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self)
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything a ``Rubris`` instance runs with."""
 
@@ -121,6 +149,7 @@ class Config:
     pool: PoolConfig = field(default_factory=PoolConfig)
     writer: WriterConfig = field(default_factory=WriterConfig)
     flow: FlowConfig = field(default_factory=FlowConfig)
+    batches: BatchConfig = field(default_factory=BatchConfig)
     compress_at: int | None = 512
     """Default for channels that do not set their own; None turns compression off."""
     ring_size: int = 64

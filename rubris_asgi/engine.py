@@ -99,6 +99,9 @@ class Engine:
         """Queue payloads up to this size need no size check."""
         self._numbers = itertools.count(1)
         self.on_session_end: Callable[[Session], None] | None = None
+        self.on_item_end: Callable[[str, bool], None] | None = None
+        """Told ``(batch_item, failed)`` when a queue item carrying a batch item ends (set
+        before the first queue topic is made: batch tracking's hand-over to its store)."""
 
     # sessions
 
@@ -260,6 +263,14 @@ class Engine:
             return t
         return self.topic(name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at)
 
+    def discard_topic(self, name: str) -> bool:
+        """Forget the shared topic ``name`` if nobody subscribes to it (True when it did)."""
+        t = self.topics.get(name)
+        if t is None or t.subs:
+            return False
+        del self.topics[name]
+        return True
+
     def publish(self, t: SharedTopic, value: Any) -> int:
         """Publish to a shared topic: encode and compress once, O(1); returns the seq.
 
@@ -395,7 +406,12 @@ class Engine:
         if isinstance(sub, PrivateSub):
             sub.ack(msg.upto)
         elif isinstance(sub, QueueSub):
-            sub.ack(msg.items, self.clock())
+            done = sub.ack(msg.items, self.clock())
+            ended = sub.queue.on_item_end
+            if ended is not None:
+                for item in done:
+                    if item.batch_item is not None:
+                        ended(item.batch_item, False)
 
     # queue topics
 
@@ -417,6 +433,7 @@ class Engine:
             compress_at=ch.compress_at,
             on_dirty=self.scheduler.queue_dirty,
         )
+        q.on_item_end = self.on_item_end
         self.queues[name] = q
         dl = settings.dead_letter
         if dl is not None and dl != name:
@@ -426,7 +443,13 @@ class Engine:
             q.dead_letter = self.queue_of(dl, found[0], registry)
         return q
 
-    def enqueue(self, q: QueueTopic, value: Any, item_id: str | None = None) -> bool:
+    def enqueue(
+        self,
+        q: QueueTopic,
+        value: Any,
+        item_id: str | None = None,
+        batch_item: str | None = None,
+    ) -> bool:
         """Add one item, O(1): False when ``item_id`` is a duplicate (nothing added); raises
         ``QueueFull`` at the queue's ``max_length`` and ``MessageTooLarge`` over the maximum."""
         ready = q.ready
@@ -451,7 +474,7 @@ class Engine:
         now = self.clock()
         if item_id is not None and q.duplicate(item_id, now):
             return False
-        ready.append(QueueItem(payload, compressed, item_id, now))
+        ready.append(QueueItem(payload, compressed, item_id, now, batch_item))
         q.stats.enqueued += 1
         if not q.dirty and q.consumers:
             q.dirty = True
@@ -462,7 +485,9 @@ class Engine:
         """Raise ``MessageTooLarge`` for a queue item of ``size`` bytes no frame could carry."""
         self.pool.check_size(size + ITEM_HEADER)
 
-    def offer_items(self, entries: list[tuple[QueueTopic, bytes, str | None]]) -> int | None:
+    def offer_items(
+        self, entries: list[tuple[QueueTopic, bytes, str | None, str | None]]
+    ) -> int | None:
         """Enqueue encoded items from outside the process, all of them or none.
 
         Items whose id a queue saw within its dedup window (or earlier in ``entries``) are not
@@ -472,7 +497,7 @@ class Engine:
         now = self.clock()
         fresh: dict[QueueTopic, int] = {}
         seen: set[tuple[int, str]] = set()
-        for q, _payload, item_id in entries:
+        for q, _payload, item_id, _batch_item in entries:
             if item_id is not None:
                 key = (q.number, item_id)
                 if key in seen or q.ids.check(item_id, now):
@@ -482,12 +507,12 @@ class Engine:
         if not all(q.room(n) for q, n in fresh.items()):
             return None
         duplicates = 0
-        for q, payload, item_id in entries:
+        for q, payload, item_id, batch_item in entries:
             if q.duplicate(item_id, now):
                 duplicates += 1
                 continue
             data, compressed = self.compression.maybe_compress(payload, q.compress_at)
-            q.put(QueueItem(data, compressed, item_id, now))
+            q.put(QueueItem(data, compressed, item_id, now, batch_item))
         return duplicates
 
     def subscribe_queue(

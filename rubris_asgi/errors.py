@@ -8,7 +8,13 @@ Tree::
     ├── QueueFull              send_nowait() on a full private queue; enqueue() on a full work queue
     ├── SessionClosed          sending to a session that has ended
     ├── RegistrationClosed     registering a channel or method after start-up
-    └── Reject                 raised by application handlers to refuse (code 10)
+    ├── Reject                 raised by application handlers to refuse (code 10)
+    └── BatchError             a batch-tracking request refused; carries its HTTP status
+        ├── MalformedItem      an item id not of the form {batch}:{group}:{index} (400)
+        ├── ItemOutOfRange     a group the batch does not have, an index past its group (400)
+        ├── BadCount           an add of no items, or past the batch's maximum (400)
+        ├── UnknownBatch       no such batch, or forgotten (404)
+        └── BatchSealed        adding to a batch that is no longer open (409)
 """
 
 from __future__ import annotations
@@ -86,3 +92,39 @@ class Reject(RubrisError):
         super().__init__(reason)
         self.reason = reason
         self.code = code
+
+
+class BatchError(RubrisError):
+    """A batch-tracking request that changed nothing; ``status`` is its HTTP status."""
+
+    status = 400
+
+    def __init__(self, reason: str, item: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.item = item
+        """The item id at fault, when one is."""
+
+
+class MalformedItem(BatchError):
+    """An item id that is not ``{batch}:{group}:{index}`` (decimal group and index)."""
+
+
+class ItemOutOfRange(BatchError):
+    """An item id naming a group its batch does not have, or an index past its group."""
+
+
+class BadCount(BatchError):
+    """An add of fewer than one item, or one that takes the batch past its maximum."""
+
+
+class UnknownBatch(BatchError):
+    """No batch has this id: never opened, or forgotten a while after it ended."""
+
+    status = 404
+
+
+class BatchSealed(BatchError):
+    """Items added to a batch that is sealed, complete or expired."""
+
+    status = 409

@@ -182,7 +182,8 @@ async def test_api_enqueue_refusals_change_nothing(api: Any) -> None:
         ({"topic": "prices", "data": 1}, 404, "no queue channel"),
         ({"topic": "jobs.a", "data": 1, "id": ""}, 400, "id must be"),
         ({"topic": "jobs.a", "data": 1, "id": 5}, 400, "id must be"),
-        ({"topic": "jobs.a", "data": 1, "batch_item": "b:0:1"}, 400, "batch_item"),
+        ({"topic": "jobs.a", "data": 1, "batch_item": "b:0:1"}, 404, "unknown batch"),
+        ({"topic": "jobs.a", "data": 1, "batch_item": "b:0"}, 400, "malformed item id"),
         ({"topic": "jobs.a", "data": 1, "extra": 1}, 400, "unknown field"),
         ({"topic": "blobs", "data": 1}, 400, "data_b64"),
     ]

@@ -26,9 +26,16 @@ from .settings import QueueSettings
 class QueueItem:
     """One work item: its payload (encoded and maybe compressed once) and its history."""
 
-    __slots__ = ("payload", "compressed", "attempt", "failures", "id", "enqueued")
+    __slots__ = ("payload", "compressed", "attempt", "failures", "id", "enqueued", "batch_item")
 
-    def __init__(self, payload: bytes, compressed: bool, item_id: str | None, now: float) -> None:
+    def __init__(
+        self,
+        payload: bytes,
+        compressed: bool,
+        item_id: str | None,
+        now: float,
+        batch_item: str | None = None,
+    ) -> None:
         self.payload = payload
         self.compressed = compressed
         self.attempt = 0
@@ -37,6 +44,9 @@ class QueueItem:
         """Deliveries that ended in NACK or a lost consumer (REVOKE does not count)."""
         self.id = item_id
         self.enqueued = now
+        self.batch_item = batch_item
+        """The batch item this work item is (protocol.md 8b): done at its ACK, failed when it
+        is dead-lettered."""
 
     def __repr__(self) -> str:
         return f"<QueueItem id={self.id!r} attempt={self.attempt} failures={self.failures}>"
@@ -97,6 +107,7 @@ class QueueTopic:
         "stats",
         "dead_letter",
         "waiters",
+        "on_item_end",
         "_on_dirty",
     )
 
@@ -130,6 +141,9 @@ class QueueTopic:
         """Where items past the delivery limit go (resolved from ``settings.dead_letter``)."""
         self.waiters: deque[Callable[[], None]] = deque()
         """Producers waiting for room (``Rubris.put``): called, and forgotten, when it frees."""
+        self.on_item_end: Callable[[str, bool], None] | None = None
+        """Told ``(batch_item, failed)`` when an item carrying one ends: ACKed (done) or
+        dead-lettered (failed)."""
         self._on_dirty = on_dirty
 
     # producing
@@ -177,8 +191,15 @@ class QueueTopic:
         return True
 
     def dead(self, item: QueueItem) -> None:
-        """Move ``item`` to the dead-letter queue (its attempts carry on counting) or drop it."""
+        """Move ``item`` to the dead-letter queue (its attempts carry on counting) or drop it.
+
+        Its batch item (if any) fails here, whatever the dead-letter queue does with it later.
+        """
         self.stats.dead_lettered += 1
+        if item.batch_item is not None:
+            if self.on_item_end is not None:
+                self.on_item_end(item.batch_item, True)
+            item.batch_item = None
         dl = self.dead_letter
         if dl is None or not dl.room():
             self.stats.dropped += 1

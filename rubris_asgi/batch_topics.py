@@ -1,0 +1,83 @@
+"""``batch.{id}``: a batch's state pushed to whoever watches it (protocol.md 8c).
+
+A snapshot topic per watched batch: a subscriber gets the batch's current state at once (read
+from the store when the topic has no value yet) and every change after it (seal, ends,
+expiry), the last one ``"completed": true``. Only batches somebody watches have a topic, and
+the sweeper drops the topics nobody subscribes to any more, so unwatched batches cost nothing
+here. Watching needs the batch's id (random, 64 bits) and, when the application gives one, the
+``authorize_batch(session, batch)`` hook's yes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .batches.service import Batches
+from .batches.tracker import BatchStatus
+from .channels import Registry
+from .engine import Engine
+from .errors import ErrorCode, Reject, UnknownBatch
+from .session import Session
+
+AuthorizeBatch = Callable[[Session, str], "bool | Awaitable[bool]"]
+
+PATTERN = "batch.{batch}"
+PREFIX = "batch."
+
+
+class BatchTopics:
+    """The ``batch.{batch}`` channel and what publishes to it."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: Registry,
+        batches: Batches,
+        authorize: AuthorizeBatch | None = None,
+    ) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.batches = batches
+        self.authorize = authorize
+        self.names: set[str] = set()
+        """Batch topics made for watchers (what ``sweep`` looks at)."""
+        registry.shared(PATTERN, snapshot=True, ring=None)(self.watch)
+        batches.listener = self.changed
+        batches.after_sweep = self.sweep
+
+    async def watch(self, session: Session, batch: str) -> Any:
+        """The subscribe handler: the batch's state, for a topic that has none yet."""
+        if self.authorize is not None:
+            allowed = self.authorize(session, batch)
+            if inspect.isawaitable(allowed):
+                allowed = await allowed
+            if not allowed:
+                raise Reject("not allowed to watch this batch", ErrorCode.NOT_AUTHORISED)
+        name = PREFIX + batch
+        found = self.registry.match(name)
+        assert found is not None
+        # the topic exists from here on, so a change while the store answers is published to
+        # it, and the (older) state read below is not put over it
+        self.engine.topic_of(name, found[0])
+        self.names.add(name)
+        try:
+            st = await self.batches.status(batch)
+        except UnknownBatch:
+            self.engine.discard_topic(name)
+            raise Reject("unknown batch", ErrorCode.UNKNOWN) from None
+        return st.to_json()
+
+    def changed(self, batch: str, st: BatchStatus) -> None:
+        t = self.engine.topics.get(PREFIX + batch)
+        if t is not None:
+            self.engine.publish(t, st.to_json())
+
+    def sweep(self) -> int:
+        """Drop the batch topics nobody subscribes to; returns how many."""
+        gone = [
+            n for n in self.names if self.engine.discard_topic(n) or n not in self.engine.topics
+        ]
+        self.names.difference_update(gone)
+        return len(gone)

@@ -1,0 +1,376 @@
+"""Batch tracking through the plugin: ``Rubris.batches``, ``{mount}/api/batches``, queue items
+enqueued with ``batch_item``, and the state pushed on ``batch.{id}``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from rubris_asgi import Config, Reject, Rubris, Session, Timing
+from rubris_asgi.batches import MemoryBatchStore, SQLiteBatchStore
+from rubris_asgi.batches.service import Batches
+from rubris_asgi.config import BatchConfig
+from rubris_asgi.errors import BatchSealed, ErrorCode, MalformedItem, UnknownBatch
+from rubris_asgi.protocol import Ack, Item, Nack, Push, Rejected, Subscribe, Subscribed
+
+from .enginekit import RecordingSink
+
+TOKEN = "batch-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class WallClock:
+    def __init__(self) -> None:
+        self.now = 1_900_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(batches: Any = None, **kwargs: Any) -> Rubris:
+    rubris = Rubris(
+        Config(timing=Timing(poll_timeout=1.0)),
+        api_token=TOKEN,
+        batches=batches if batches is not None else MemoryBatchStore(),
+        **kwargs,
+    )
+
+    @rubris.queue("work", dead_letter="work.dead", delivery_limit=2, codel_target=None)
+    async def work(session: Session) -> None:
+        return None
+
+    @rubris.queue("work.dead")
+    async def dead(session: Session) -> None:
+        return None
+
+    return rubris
+
+
+@pytest.fixture
+async def app() -> AsyncIterator[tuple[Rubris, httpx.AsyncClient]]:
+    async with make() as rubris:
+        transport = httpx.ASGITransport(app=rubris)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            yield rubris, http
+
+
+def session(rubris: Rubris) -> tuple[Session, RecordingSink]:
+    s = rubris.engine.open_session()
+    sink = RecordingSink(rubris.engine, s)
+    rubris.engine.attach(s, sink)
+    return s, sink
+
+
+async def arrived(sink: RecordingSink, kind: type, n: int = 1) -> list[Any]:
+    got: list[Any] = []
+    for _ in range(300):
+        got = [m for f in sink.messages() for m in f if isinstance(m, kind)]
+        if len(got) >= n:
+            return got
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"only {len(got)} {kind.__name__} arrived")
+
+
+def ack(topic: int, *tags: int) -> Ack:
+    return Ack(topic, (len(tags), *tags))
+
+
+async def subscribe(rubris: Rubris, s: Session, name: str, req: int = 1) -> None:
+    await rubris.dispatcher.handle(s, [Subscribe(req, name, 0, 0, b"")])
+
+
+# the HTTP API
+
+
+async def test_http_api_open_add_seal_ack_status(app: tuple[Rubris, httpx.AsyncClient]) -> None:
+    rubris, http = app
+    r = await http.post("/api/batches", headers=AUTH)
+    assert r.status_code == 201 and r.headers["Rubris-Fill"] == "0"
+    batch = r.json()["batch"]
+    assert r.json() == {"batch": batch, "state": "open"}
+    r = await http.post(f"/api/batches/{batch}/items", json={"count": 3}, headers=AUTH)
+    assert r.json() == {"group": 0, "count": 3}
+    r = await http.post(f"/api/batches/{batch}/items", json={"count": 2}, headers=AUTH)
+    assert r.json() == {"group": 1, "count": 2}
+    ids = [f"{batch}:0:{i}" for i in range(3)] + [f"{batch}:1:{i}" for i in range(2)]
+    r = await http.post("/api/batches/ack", json={"items": ids[:2] + ids[:1]}, headers=AUTH)
+    assert r.json() == {
+        "batches": {
+            batch: {"state": "open", "total": 5, "done": 2, "failed": 0, "completed": False}
+        }
+    }
+    r = await http.post("/api/batches/fail", json={"items": [ids[4]]}, headers=AUTH)
+    assert r.json()["batches"][batch]["failed"] == 1
+    r = await http.post(f"/api/batches/{batch}/seal", headers=AUTH)
+    assert r.json() == {"state": "sealed", "total": 5, "done": 2, "failed": 1, "completed": False}
+    r = await http.post("/api/batches/ack", json={"items": ids[2:4]}, headers=AUTH)
+    assert r.json()["batches"][batch] == {
+        "state": "complete",
+        "total": 5,
+        "done": 4,
+        "failed": 1,
+        "completed": True,
+    }
+    # completed exactly once: the same acks again, the status, a seal again
+    r = await http.post("/api/batches/ack", json={"items": ids[2:4]}, headers=AUTH)
+    assert r.json()["batches"][batch]["completed"] is False
+    r = await http.get(f"/api/batches/{batch}", headers=AUTH)
+    assert r.json() == {"state": "complete", "total": 5, "done": 4, "failed": 1, "completed": False}
+    r = await http.post(f"/api/batches/{batch}/seal", headers=AUTH)
+    assert r.status_code == 200 and r.json()["completed"] is False
+    # an empty batch is complete at its seal
+    empty = (await http.post("/api/batches", json={}, headers=AUTH)).json()["batch"]
+    r = await http.post(f"/api/batches/{empty}/seal", headers=AUTH)
+    assert r.json() == {"state": "complete", "total": 0, "done": 0, "failed": 0, "completed": True}
+
+
+async def test_http_api_errors_change_nothing(app: tuple[Rubris, httpx.AsyncClient]) -> None:
+    rubris, http = app
+    batch = (await http.post("/api/batches", headers=AUTH)).json()["batch"]
+    await http.post(f"/api/batches/{batch}/items", json={"count": 3}, headers=AUTH)
+    ok = f"{batch}:0:0"
+    cases: list[tuple[str, Any, int, str, int | None]] = [
+        ("/api/batches/ack", {"items": [ok, "nope"]}, 400, "malformed item id", 1),
+        ("/api/batches/ack", {"items": [ok, f"{batch}:0:3"]}, 400, "the group has 3", 1),
+        ("/api/batches/ack", {"items": [ok, f"{batch}:1:0"]}, 400, "no such group", 1),
+        ("/api/batches/ack", {"items": [ok, "ffffffffffffffff:0:0"]}, 404, "unknown batch", 1),
+        ("/api/batches/ack", {"items": ok}, 400, "must be a list", None),
+        ("/api/batches/ack", {"items": [ok], "x": 1}, 400, "unknown field", None),
+        ("/api/batches/ack", [ok], 400, "JSON object", None),
+        (f"/api/batches/{batch}/items", {"count": 0}, 400, "at least 1", None),
+        (f"/api/batches/{batch}/items", {"count": "3"}, 400, "integer", None),
+        (f"/api/batches/{batch}/items", {"count": True}, 400, "integer", None),
+        ("/api/batches/ffffffffffffffff/items", {"count": 1}, 404, "unknown batch", None),
+        ("/api/batches/ffffffffffffffff/seal", None, 404, "unknown batch", None),
+        ("/api/batches", {"count": 1}, 400, "unknown field", None),
+    ]
+    for path, body, status, words, index in cases:
+        r = await http.post(path, json=body, headers=AUTH)
+        assert (r.status_code, r.json()["index"]) == (status, index), (path, body, r.text)
+        assert words in r.json()["error"], (path, body, r.text)
+        assert "Rubris-Fill" in r.headers
+    r = await http.get("/api/batches/ffffffffffffffff", headers=AUTH)
+    assert r.status_code == 404
+    r = await http.get("/api/batches/not%20an%20id", headers=AUTH)
+    assert r.status_code == 404
+    r = await http.post(
+        "/api/batches/ack", content=b"items", headers={**AUTH, "Content-Type": "text/plain"}
+    )
+    assert r.status_code == 415
+    st = await rubris.batches.status(batch)
+    assert (st.total, st.done, st.failed) == (3, 0, 0)
+    await http.post(f"/api/batches/{batch}/seal", headers=AUTH)
+    r = await http.post(f"/api/batches/{batch}/items", json={"count": 1}, headers=AUTH)
+    assert r.status_code == 409 and "sealed" in r.json()["error"]
+    # no token: 401 with the challenge
+    r = await http.post("/api/batches")
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+    r = await http.get(f"/api/batches/{batch}")
+    assert r.status_code == 401
+
+
+async def test_http_api_asks_the_hook_per_batch() -> None:
+    asked: list[str] = []
+
+    def authorize(request: Any, topic: str) -> bool:
+        asked.append(topic)
+        if request.headers.get("x-who") == "banned":
+            raise Reject("banned")
+        return topic != "batch.secret" and request.headers.get("x-who") != "nobody"
+
+    rubris = Rubris(authorize_api=authorize, batches=MemoryBatchStore())
+    async with rubris:
+        await rubris.batches.open("secret")
+        await rubris.batches.add("secret", 2)
+        transport = httpx.ASGITransport(app=rubris)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            r = await http.post("/api/batches")
+            batch = r.json()["batch"]
+            assert r.status_code == 201 and asked == [f"batch.{batch}"]
+            r = await http.post("/api/batches", headers={"x-who": "nobody"})
+            assert r.status_code == 403
+            r = await http.post("/api/batches", headers={"x-who": "banned"})
+            assert r.status_code == 403 and r.json()["error"] == "banned"
+            r = await http.get("/api/batches/secret")
+            assert r.status_code == 403
+            r = await http.post("/api/batches/ack", json={"items": ["secret:0:1"]})
+            assert r.status_code == 403 and r.json()["index"] == 0
+        assert (await rubris.batches.status("secret")).done == 0
+
+
+async def test_off_means_no_paths_and_no_batch_items() -> None:
+    rubris = make(batches=False)
+    async with rubris:
+        transport = httpx.ASGITransport(app=rubris)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            r = await http.post("/api/batches", headers=AUTH)
+            assert r.status_code == 404
+            r = await http.post(
+                "/api/enqueue",
+                json={"topic": "work", "data": 1, "batch_item": "b:0:0"},
+                headers=AUTH,
+            )
+            assert r.status_code == 400 and "batch tracking is off" in r.json()["error"]
+        with pytest.raises(RuntimeError):
+            rubris.batches  # noqa: B018
+        with pytest.raises(RuntimeError):
+            rubris.enqueue("work", 1, batch_item="b:0:0")
+
+
+# the Python API and queue items
+
+
+async def test_python_api() -> None:
+    async with make() as rubris:
+        b = rubris.batches
+        batch = await b.open()
+        group = await b.add(batch, 4)
+        assert group.ids() == [f"{batch}:0:{i}" for i in range(4)]
+        assert (await b.ack(group.ids()[:3]))[batch].done == 3
+        assert (await b.fail([group.id(3)]))[batch].failed == 1
+        st = await b.seal(batch)
+        assert st.completed and st.to_json()["state"] == "complete"
+        with pytest.raises(BatchSealed):
+            await b.add(batch, 1)
+        with pytest.raises(MalformedItem):
+            await b.ack(["x"])
+        with pytest.raises(UnknownBatch):
+            await b.status("ffff")
+        with pytest.raises(MalformedItem):
+            rubris.enqueue("work", 1, batch_item="b:0")
+        with pytest.raises(UnknownBatch):
+            await rubris.put("work", 1, batch_item="ffff:0:0")
+        assert rubris.queue_stats("work").enqueued == 0
+
+
+async def test_queue_items_end_their_batch_items_and_the_push_says_so(
+    app: tuple[Rubris, httpx.AsyncClient],
+) -> None:
+    rubris, http = app
+    batch = await rubris.batches.open()
+    group = await rubris.batches.add(batch, 4)
+    watcher, wsink = session(rubris)
+    await subscribe(rubris, watcher, f"batch.{batch}")
+    first = await arrived(wsink, Push)
+    assert orjson.loads(first[0].payload)["state"] == "open"
+    # two by the HTTP API, two in process
+    r = await http.post(
+        "/api/enqueue",
+        json=[{"topic": "work", "data": i, "batch_item": group.id(i)} for i in range(2)],
+        headers=AUTH,
+    )
+    assert r.status_code == 200, r.text
+    rubris.enqueue("work", 2, batch_item=group.id(2))
+    await rubris.put("work", 3, batch_item=group.id(3))
+    await rubris.batches.seal(batch)
+    worker, sink = session(rubris)
+    await subscribe(rubris, worker, "work", 2)
+    (sub,) = await arrived(sink, Subscribed)
+    items = await arrived(sink, Item, 4)
+    by_value = {orjson.loads(i.payload): i.tag for i in items}
+    # 0, 1, 2 done; 3 NACKed past the delivery limit: dead-lettered, so failed
+    await rubris.dispatcher.handle(worker, [ack(sub.topic, by_value[0], by_value[1])])
+    await rubris.dispatcher.handle(worker, [ack(sub.topic, by_value[2], by_value[2])])
+    await rubris.dispatcher.handle(worker, [Nack(sub.topic, by_value[3], True)])
+    again = await arrived(sink, Item, 5)
+    await rubris.dispatcher.handle(worker, [Nack(sub.topic, again[-1].tag, True)])
+    pushes = await arrived(wsink, Push, 2)
+    for _ in range(300):
+        pushes = [m for f in wsink.messages() for m in f if isinstance(m, Push)]
+        if orjson.loads(pushes[-1].payload)["completed"]:
+            break
+        await asyncio.sleep(0.01)
+    final = orjson.loads(pushes[-1].payload)
+    assert final == {"state": "complete", "total": 4, "done": 3, "failed": 1, "completed": True}
+    assert rubris.queue_stats("work.dead").enqueued == 1
+    # a late watcher sees the final state at once
+    late, lsink = session(rubris)
+    await subscribe(rubris, late, f"batch.{batch}")
+    (push,) = await arrived(lsink, Push)
+    assert orjson.loads(push.payload)["state"] == "complete"
+    # and the item in the dead-letter queue no longer carries the batch item
+    dl = rubris.engine.queues["work.dead"].ready[0]
+    assert dl.batch_item is None
+
+
+async def test_watching_an_unknown_batch_is_rejected_and_leaves_no_topic(
+    app: tuple[Rubris, httpx.AsyncClient],
+) -> None:
+    rubris, _http = app
+    s, sink = session(rubris)
+    await subscribe(rubris, s, "batch.ffffffffffffffff")
+    (rej,) = await arrived(sink, Rejected)
+    assert rej.code == ErrorCode.UNKNOWN and rej.reason == "unknown batch"
+    assert "batch.ffffffffffffffff" not in rubris.engine.topics
+
+
+async def test_authorize_batch_decides_who_watches() -> None:
+    def allow(session: Session, batch: str) -> bool:
+        return batch != "theirs"
+
+    async with make(authorize_batch=allow) as rubris:
+        await rubris.batches.open("theirs")
+        s, sink = session(rubris)
+        await subscribe(rubris, s, "batch.theirs")
+        (rej,) = await arrived(sink, Rejected)
+        assert rej.code == ErrorCode.NOT_AUTHORISED
+
+
+async def test_sweeper_expires_and_pushes_and_drops_unwatched_topics(tmp_path: Path) -> None:
+    clock = WallClock()
+    config = BatchConfig(expiry=100.0, sealed_expiry=100.0, keep=10.0, sweep_every=0.05)
+    batches = Batches(SQLiteBatchStore(tmp_path / "b.sqlite3"), config, clock=clock)
+    async with make(batches=batches) as rubris:
+        batch = await rubris.batches.open()
+        await rubris.batches.add(batch, 2)
+        s, sink = session(rubris)
+        await subscribe(rubris, s, f"batch.{batch}")
+        await arrived(sink, Push)
+        clock.now += 101
+        pushes = await arrived(sink, Push, 2)
+        assert orjson.loads(pushes[-1].payload)["state"] == "expired"
+        rubris.engine.unsubscribe(s, (await arrived(sink, Subscribed))[0].topic)
+        for _ in range(300):
+            if f"batch.{batch}" not in rubris.engine.topics:
+                break
+            await asyncio.sleep(0.01)
+        assert f"batch.{batch}" not in rubris.engine.topics
+        clock.now += 11
+        for _ in range(300):
+            try:
+                await rubris.batches.status(batch)
+            except UnknownBatch:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the expired batch was not forgotten")
+
+
+async def test_acks_reach_the_store_before_stop(tmp_path: Path) -> None:
+    path = tmp_path / "b.sqlite3"
+    rubris = make(batches=SQLiteBatchStore(path))
+    async with rubris:
+        batch = await rubris.batches.open()
+        group = await rubris.batches.add(batch, 50)
+        await rubris.batches.seal(batch)
+        for i in range(50):
+            rubris.enqueue("work", i, batch_item=group.id(i))
+        worker, sink = session(rubris)
+        await subscribe(rubris, worker, "work")
+        (sub,) = await arrived(sink, Subscribed)
+        done = 0
+        while done < 50:
+            items = await arrived(sink, Item, done + 1)
+            tags = tuple(i.tag for i in items[done:])
+            await rubris.dispatcher.handle(worker, [ack(sub.topic, *tags)])
+            done = len(items)
+    store = SQLiteBatchStore(path)
+    st = await store.status(batch)
+    await store.close()
+    assert (st.state.value, st.done) == ("complete", 50)

@@ -7,7 +7,7 @@ outbound buffers and lossless private queues. See docs/ for the guide.
 from .app import Rubris, Stats
 from .buffers import PoolConfig
 from .compression import Compressor, Decompressor
-from .config import Config, FlowConfig, Limits, Timing, WriterConfig
+from .config import BatchConfig, Config, FlowConfig, Limits, Timing, WriterConfig
 from .errors import (
     ErrorCode,
     MessageTooLarge,
@@ -25,6 +25,7 @@ from .session import Session
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchConfig",
     "Codec",
     "Compressor",
     "Config",

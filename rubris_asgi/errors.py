@@ -14,7 +14,8 @@ Tree::
         ├── ItemOutOfRange     a group the batch does not have, an index past its group (400)
         ├── BadCount           an add of no items, or past the batch's maximum (400)
         ├── UnknownBatch       no such batch, or forgotten (404)
-        └── BatchSealed        adding to a batch that is no longer open (409)
+        ├── BatchSealed        adding to a batch that is no longer open (409)
+        └── BatchExists        opening a batch with the id of one that exists (409)
 """
 
 from __future__ import annotations
@@ -126,5 +127,11 @@ class UnknownBatch(BatchError):
 
 class BatchSealed(BatchError):
     """Items added to a batch that is sealed, complete or expired."""
+
+    status = 409
+
+
+class BatchExists(BatchError):
+    """A batch was opened with the id of a batch that still exists (complete ones included)."""
 
     status = 409

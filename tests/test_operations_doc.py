@@ -9,13 +9,16 @@ from pathlib import Path
 import pytest
 
 from rubris_asgi import Config, FlowConfig, Limits, PoolConfig, Timing, WriterConfig
+from rubris_asgi.config import BatchConfig
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
 
 
-@pytest.mark.parametrize("cls", [Limits, Timing, WriterConfig, FlowConfig, PoolConfig, Config])
+@pytest.mark.parametrize(
+    "cls", [Limits, Timing, WriterConfig, FlowConfig, PoolConfig, BatchConfig, Config]
+)
 def test_every_setting_is_documented(cls: type) -> None:
-    nested = {"limits", "timing", "pool", "writer", "flow"}  # Config's sections: the tables
+    nested = {"limits", "timing", "pool", "writer", "flow", "batches"}  # Config's sections
     missing = [f.name for f in fields(cls) if f.name not in nested and f"`{f.name}`" not in DOC]
     assert missing == [], f"{cls.__name__} settings missing from operations.md: {missing}"
 
@@ -34,7 +37,7 @@ def _number(cell: str) -> float:
     return value * {"KiB": 1024, "MiB": 1024 * 1024}.get(m.group(2) or "", 1)
 
 
-@pytest.mark.parametrize("cls", [Limits, Timing, WriterConfig])
+@pytest.mark.parametrize("cls", [Limits, Timing, WriterConfig, BatchConfig])
 def test_table_defaults_match_the_code(cls: type) -> None:
     for f in fields(cls):
         assert f.default is not MISSING

@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from ..config import BatchConfig
-from ..errors import BadCount, BatchSealed, ItemOutOfRange, UnknownBatch
+from ..errors import BadCount, BatchExists, BatchSealed, ItemOutOfRange, UnknownBatch
 from .bits import CHUNK_BITS, clear_bits, set_range, spans
 from .ids import ItemRef
 
@@ -103,6 +103,8 @@ DEFAULTS = BatchConfig()
 
 
 def open_batch(view: View, batch: str, now: float) -> BatchStatus:
+    if view.record(batch) is not None:
+        raise BatchExists(f"batch {batch} exists already")
     rec = BatchRecord(batch, State.OPEN, touched=now)
     view.put_record(rec)
     return rec.status()
@@ -183,8 +185,8 @@ def locate(view: View, items: Iterable[ItemRef]) -> dict[str, dict[int, list[int
         if per is None:
             _known(view, ref.batch, str(ref))
             per = bits[ref.batch] = {}
-        g = view.group(ref.batch, ref.group)
-        if g is None or ref.index >= g[1]:
+        g = view.group(ref.batch, ref.group) if ref.group >= 0 else None
+        if g is None or not 0 <= ref.index < g[1]:
             why = "no such group" if g is None else f"the group has {g[1]} items"
             raise ItemOutOfRange(f"item {ref} is not in batch {ref.batch} ({why})", str(ref))
         k, offset = divmod(g[0] + ref.index, CHUNK_BITS)

@@ -2,7 +2,9 @@
 
 A snapshot topic per watched batch: a subscriber gets the batch's current state at once (read
 from the store when the topic has no value yet) and every change after it (seal, ends,
-expiry), the last one ``"completed": true``. Only batches somebody watches have a topic, and
+expiry). On the topic a complete batch always says ``"completed": true``: its last value is the
+completion push, whether a watcher saw it happen or subscribed later, and repeated acks or
+seals that change nothing push nothing. Only batches somebody watches have a topic, and
 the sweeper drops the topics nobody subscribes to any more, so unwatched batches cost nothing
 here. Watching needs the batch's id (random, 64 bits) and, when the application gives one, the
 ``authorize_batch(session, batch)`` hook's yes.
@@ -15,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .batches.service import Batches
-from .batches.tracker import BatchStatus
+from .batches.tracker import BatchStatus, State
 from .channels import Registry
 from .engine import Engine
 from .errors import ErrorCode, Reject, UnknownBatch
@@ -41,8 +43,9 @@ class BatchTopics:
         self.registry = registry
         self.batches = batches
         self.authorize = authorize
-        self.names: set[str] = set()
-        """Batch topics made for watchers (what ``sweep`` looks at)."""
+        self.names: dict[str, dict[str, Any] | None] = {}
+        """Batch topics made for watchers (what ``sweep`` looks at), with the last state
+        published on each."""
         registry.shared(PATTERN, snapshot=True, ring=None)(self.watch)
         batches.listener = self.changed
         batches.after_sweep = self.sweep
@@ -60,24 +63,41 @@ class BatchTopics:
         assert found is not None
         # the topic exists from here on, so a change while the store answers is published to
         # it, and the (older) state read below is not put over it
-        self.engine.topic_of(name, found[0])
-        self.names.add(name)
+        t = self.engine.topic_of(name, found[0])
+        self.names.setdefault(name, None)
         try:
             st = await self.batches.status(batch)
         except UnknownBatch:
             self.engine.discard_topic(name)
+            self.names.pop(name, None)
             raise Reject("unknown batch", ErrorCode.UNKNOWN) from None
-        return st.to_json()
+        value = _pushed(st)
+        if t.seq == 0:  # what the subscription will publish as the topic's first value
+            self.names[name] = value
+        return value
 
     def changed(self, batch: str, st: BatchStatus) -> None:
-        t = self.engine.topics.get(PREFIX + batch)
-        if t is not None:
-            self.engine.publish(t, st.to_json())
+        name = PREFIX + batch
+        t = self.engine.topics.get(name)
+        if t is None:
+            return
+        value = _pushed(st)
+        if self.names.get(name) != value:
+            self.names[name] = value
+            self.engine.publish(t, value)
 
     def sweep(self) -> int:
         """Drop the batch topics nobody subscribes to; returns how many."""
-        gone = [
-            n for n in self.names if self.engine.discard_topic(n) or n not in self.engine.topics
-        ]
-        self.names.difference_update(gone)
+        topics = self.engine.topics
+        gone = [n for n in self.names if self.engine.discard_topic(n) or n not in topics]
+        for n in gone:
+            del self.names[n]
         return len(gone)
+
+
+def _pushed(st: BatchStatus) -> dict[str, Any]:
+    """The state as the topic carries it: a complete batch is the completion push."""
+    value = st.to_json()
+    if st.state is State.COMPLETE:
+        value["completed"] = True
+    return value

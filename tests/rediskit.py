@@ -60,6 +60,11 @@ class RedisServer:
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (bench/batches.py pins it to a core)."""
+        return None if self._proc is None else self._proc.pid
+
+    @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 

@@ -18,7 +18,10 @@ import uvicorn
 @contextlib.asynccontextmanager
 async def run_server(app: Any, *, lifespan: str = "on") -> AsyncIterator[str]:
     """Serve ``app``; yields its base URL, e.g. ``http://127.0.0.1:41234``."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and an
+    # accepted socket inherits the listener's; without it a keep-alive HTTP answer written in
+    # two parts waits ~40 ms for the client's delayed ACK (Nagle)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -293,7 +293,22 @@ async def test_queue_items_end_their_batch_items_and_the_push_says_so(
     late, lsink = session(rubris)
     await subscribe(rubris, late, f"batch.{batch}")
     (push,) = await arrived(lsink, Push)
-    assert orjson.loads(push.payload)["state"] == "complete"
+    assert orjson.loads(push.payload) == final
+    # acks and seals that change nothing push nothing
+    seen = len([m for f in wsink.messages() for m in f if isinstance(m, Push)])
+    await rubris.batches.ack([group.id(0), group.id(3)])
+    await rubris.batches.seal(batch)
+    await asyncio.sleep(0.05)
+    assert len([m for f in wsink.messages() for m in f if isinstance(m, Push)]) == seen
+    # nor does a watcher that comes after the topic was dropped see anything but the completion
+    rubris.engine.unsubscribe(watcher, (await arrived(wsink, Subscribed))[0].topic)
+    rubris.engine.unsubscribe(late, (await arrived(lsink, Subscribed))[0].topic)
+    rubris.batches.after_sweep()  # type: ignore[misc]
+    assert f"batch.{batch}" not in rubris.engine.topics
+    later, later_sink = session(rubris)
+    await subscribe(rubris, later, f"batch.{batch}")
+    (push,) = await arrived(later_sink, Push)
+    assert orjson.loads(push.payload) == final
     # and the item in the dead-letter queue no longer carries the batch item
     dl = rubris.engine.queues["work.dead"].ready[0]
     assert dl.batch_item is None

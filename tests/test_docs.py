@@ -51,3 +51,18 @@ def test_queues_example_runs() -> None:
     assert "dead letter: {'image': 'corrupt.png'} on attempt 4" in out
     assert "done 20 jobs, each once: True" in out
     assert "enqueued 21, duplicates 1, acked 20, nacked 3, dead-lettered 1" in out
+
+
+def test_batches_example_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "examples" / "batches.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "enqueued: {'accepted': 20, 'duplicates': 0, 'fill': 0}" in out
+    assert "sealed: {'state': 'sealed', 'total': 20, 'done': 0, 'failed': 0" in out
+    final = "{'state': 'complete', 'total': 20, 'done': 19, 'failed': 1, 'completed': True}"
+    assert f"final: {final}" in out
+    assert "status: {'state': 'complete', 'total': 20, 'done': 19, 'failed': 1" in out

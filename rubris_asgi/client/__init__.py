@@ -31,6 +31,7 @@ The API, on :class:`Client`::
                                     codel_target=0.020, codel_interval=0.100)
     await client.call(method, args=None, *, timeout=30)     async for x in client.stream(...)
     await client.publish(name, value)   await client.ping()   await client.send_nak(fill)
+    state = await client.watch_batch(batch, *, on_update=None, timeout=None)    (protocol.md 8c)
     client.state, client.stats, client.session_id, client.resumed, client.rejections
 
 Queue topics (mode 4) are consumed, not subscribed: :meth:`Client.consume` returns a
@@ -83,6 +84,7 @@ Exceptions (all :class:`~rubris_asgi.errors.RubrisError`)::
 
 from __future__ import annotations
 
+from .batches import watch_batch
 from .consumer import Consumer, QueueItem
 from .core import Client, ClientStats, Rejection, State
 from .errors import CallError, ConnectionLost, SubscribeRejected, SubscriptionEnded
@@ -108,4 +110,5 @@ __all__ = [
     "Subscription",
     "SubscriptionEnded",
     "State",
+    "watch_batch",
 ]

@@ -39,6 +39,7 @@ from ..protocol import (
 )
 from ..queues.codel import CoDel
 from ..ratelimit import RateLimiter
+from .batches import watch_batch as _watch_batch
 from .concurrency import _within
 from .consumer import Consumer, QueueItem, _Settler
 from .errors import (
@@ -326,6 +327,20 @@ class Client(_ServerMessages):
         if handler is not None:
             consumer._start(self._workers)
         return consumer
+
+    async def watch_batch(
+        self,
+        batch: str,
+        *,
+        on_update: Callable[[dict[str, Any]], Any] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Follow ``batch.{batch}`` until the batch completes or expires; return that state.
+
+        ``on_update(state)`` (sync or async) gets every state, the first and last included.
+        Raises ``SubscribeRejected`` (code 3: unknown batch) and ``asyncio.TimeoutError``;
+        always unsubscribes. :func:`~.batches.watch_batch` tells the rest."""
+        return await _watch_batch(self, batch, on_update=on_update, timeout=timeout)
 
     def _check_free(self, name: str) -> None:
         for s in self._subs:

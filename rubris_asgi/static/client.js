@@ -77,6 +77,7 @@ import { decodePayload, deflateRaw, inflateRaw } from "./client/payloads.js";
 import { backoffDelay, resolveUrls } from "./client/util.js";
 // Every other module is named here too, so that a browser fetches them all in one round trip
 // after this file instead of discovering them one import level at a time.
+import "./client/batches.js";
 import "./client/calls.js";
 import "./client/longpoll.js";
 import "./client/outbound.js";

@@ -3,6 +3,7 @@
 // from the concern modules, each a plain object of methods that installMethods copies onto
 // RubrisClient.prototype below, so every method runs with `this` the client as before.
 
+import { batchMethods } from "./batches.js";
 import { callMethods } from "./calls.js";
 import { flowMethods } from "./flow.js";
 import { outboundMethods } from "./outbound.js";
@@ -224,7 +225,8 @@ function installMethods(cls, ...groups) {
 }
 
 installMethods(
-  RubrisClient, sessionMethods, queueMethods, subscriptionMethods, callMethods, flowMethods, outboundMethods,
+  RubrisClient, sessionMethods, queueMethods, batchMethods, subscriptionMethods, callMethods, flowMethods,
+  outboundMethods,
 );
 
 /**

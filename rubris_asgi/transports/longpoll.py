@@ -116,7 +116,9 @@ class LongPollTransport:
                 engine.end_session(s)
             return frame
         if waiter.done() and not waiter.result():
-            if s.state is SessionState.CLOSED:
+            if s.state is SessionState.CLOSED or self.sessions.get(s.id) is not lp:
+                # ended, or this long-poll session was let go of while the engine's session
+                # waits for a resume: the client resumes with HELLO, it must not give up (409)
                 return PlainTextResponse("session ended", status_code=404)
             return PlainTextResponse("superseded by a newer poll", status_code=409)
         if lp.waiter is None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from rubris_asgi.buffers import FrameBuffer
 from rubris_asgi.engine import Engine
@@ -57,6 +59,18 @@ def connect(engine: Engine, *, auto: bool = True) -> tuple[Session, RecordingSin
     sink = RecordingSink(engine, s, auto=auto)
     engine.attach(s, sink)
     return s, sink
+
+
+async def arrived(sink: RecordingSink, kind: type, n: int = 1) -> list[Any]:
+    """Every message of ``kind`` the sink received so far, once there are ``n`` of them (a
+    running app's scheduler delivers them; waits up to 3 s)."""
+    got: list[Any] = []
+    for _ in range(300):
+        got = [m for f in sink.messages() for m in f if isinstance(m, kind)]
+        if len(got) >= n:
+            return got
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"only {len(got)} {kind.__name__} arrived")
 
 
 def pushes(frame: list[Message]) -> list[tuple[int, int, bytes]]:

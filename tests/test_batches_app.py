@@ -19,7 +19,7 @@ from rubris_asgi.config import BatchConfig
 from rubris_asgi.errors import BatchSealed, ErrorCode, MalformedItem, UnknownBatch
 from rubris_asgi.protocol import Ack, Item, Nack, Push, Rejected, Subscribe, Subscribed
 
-from .enginekit import RecordingSink
+from .enginekit import arrived, connect
 
 TOKEN = "batch-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -58,23 +58,6 @@ async def app() -> AsyncIterator[tuple[Rubris, httpx.AsyncClient]]:
         transport = httpx.ASGITransport(app=rubris)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
             yield rubris, http
-
-
-def session(rubris: Rubris) -> tuple[Session, RecordingSink]:
-    s = rubris.engine.open_session()
-    sink = RecordingSink(rubris.engine, s)
-    rubris.engine.attach(s, sink)
-    return s, sink
-
-
-async def arrived(sink: RecordingSink, kind: type, n: int = 1) -> list[Any]:
-    got: list[Any] = []
-    for _ in range(300):
-        got = [m for f in sink.messages() for m in f if isinstance(m, kind)]
-        if len(got) >= n:
-            return got
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"only {len(got)} {kind.__name__} arrived")
 
 
 def ack(topic: int, *tags: int) -> Ack:
@@ -255,7 +238,7 @@ async def test_queue_items_end_their_batch_items_and_the_push_says_so(
     rubris, http = app
     batch = await rubris.batches.open()
     group = await rubris.batches.add(batch, 4)
-    watcher, wsink = session(rubris)
+    watcher, wsink = connect(rubris.engine)
     await subscribe(rubris, watcher, f"batch.{batch}")
     first = await arrived(wsink, Push)
     assert orjson.loads(first[0].payload)["state"] == "open"
@@ -269,7 +252,7 @@ async def test_queue_items_end_their_batch_items_and_the_push_says_so(
     rubris.enqueue("work", 2, batch_item=group.id(2))
     await rubris.put("work", 3, batch_item=group.id(3))
     await rubris.batches.seal(batch)
-    worker, sink = session(rubris)
+    worker, sink = connect(rubris.engine)
     await subscribe(rubris, worker, "work", 2)
     (sub,) = await arrived(sink, Subscribed)
     items = await arrived(sink, Item, 4)
@@ -290,7 +273,7 @@ async def test_queue_items_end_their_batch_items_and_the_push_says_so(
     assert final == {"state": "complete", "total": 4, "done": 3, "failed": 1, "completed": True}
     assert rubris.queue_stats("work.dead").enqueued == 1
     # a late watcher sees the final state at once
-    late, lsink = session(rubris)
+    late, lsink = connect(rubris.engine)
     await subscribe(rubris, late, f"batch.{batch}")
     (push,) = await arrived(lsink, Push)
     assert orjson.loads(push.payload) == final
@@ -305,7 +288,7 @@ async def test_queue_items_end_their_batch_items_and_the_push_says_so(
     rubris.engine.unsubscribe(late, (await arrived(lsink, Subscribed))[0].topic)
     rubris.batches.after_sweep()  # type: ignore[misc]
     assert f"batch.{batch}" not in rubris.engine.topics
-    later, later_sink = session(rubris)
+    later, later_sink = connect(rubris.engine)
     await subscribe(rubris, later, f"batch.{batch}")
     (push,) = await arrived(later_sink, Push)
     assert orjson.loads(push.payload) == final
@@ -318,7 +301,7 @@ async def test_watching_an_unknown_batch_is_rejected_and_leaves_no_topic(
     app: tuple[Rubris, httpx.AsyncClient],
 ) -> None:
     rubris, _http = app
-    s, sink = session(rubris)
+    s, sink = connect(rubris.engine)
     await subscribe(rubris, s, "batch.ffffffffffffffff")
     (rej,) = await arrived(sink, Rejected)
     assert rej.code == ErrorCode.UNKNOWN and rej.reason == "unknown batch"
@@ -331,7 +314,7 @@ async def test_authorize_batch_decides_who_watches() -> None:
 
     async with make(authorize_batch=allow) as rubris:
         await rubris.batches.open("theirs")
-        s, sink = session(rubris)
+        s, sink = connect(rubris.engine)
         await subscribe(rubris, s, "batch.theirs")
         (rej,) = await arrived(sink, Rejected)
         assert rej.code == ErrorCode.NOT_AUTHORISED
@@ -344,7 +327,7 @@ async def test_sweeper_expires_and_pushes_and_drops_unwatched_topics(tmp_path: P
     async with make(batches=batches) as rubris:
         batch = await rubris.batches.open()
         await rubris.batches.add(batch, 2)
-        s, sink = session(rubris)
+        s, sink = connect(rubris.engine)
         await subscribe(rubris, s, f"batch.{batch}")
         await arrived(sink, Push)
         clock.now += 101
@@ -376,7 +359,7 @@ async def test_acks_reach_the_store_before_stop(tmp_path: Path) -> None:
         await rubris.batches.seal(batch)
         for i in range(50):
             rubris.enqueue("work", i, batch_item=group.id(i))
-        worker, sink = session(rubris)
+        worker, sink = connect(rubris.engine)
         await subscribe(rubris, worker, "work")
         (sub,) = await arrived(sink, Subscribed)
         done = 0

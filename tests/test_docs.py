@@ -9,14 +9,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_quickstart_runs() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "docs" / "examples" / "quickstart.py")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+def run_example(name: str) -> str:
+    """Run docs/examples/<name>.py as a reader would; its standard output."""
+    path = ROOT / "docs" / "examples" / f"{name}.py"
+    return subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=60, check=True
     ).stdout
+
+
+def test_quickstart_runs() -> None:
+    out = run_example("quickstart")
     for transport in ("websocket", "longpoll"):
         assert f"[{transport}] refused: code 10, unknown symbol 'NOPE'" in out
         assert f"[{transport}] order: {{'status': 'accepted'}}" in out
@@ -25,13 +27,7 @@ def test_quickstart_runs() -> None:
 
 
 def test_publishing_example_runs() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "docs" / "examples" / "publishing.py")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    out = run_example("publishing")
     assert "HTTP answer: 200 {'accepted': 1, 'duplicates': 0, 'fill': 0} Rubris-Fill: 0" in out
     assert "Publisher sent 3 in 1 request(s)" in out
     assert "trades.AAPL #1: {'px': 189.1, 'via': 'HTTP'}" in out
@@ -40,13 +36,7 @@ def test_publishing_example_runs() -> None:
 
 
 def test_queues_example_runs() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "docs" / "examples" / "queues.py")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    out = run_example("queues")
     assert "HTTP answer: 200 {'accepted': 11, 'duplicates': 1, 'fill': 0}" in out
     assert "dead letter: {'image': 'corrupt.png'} on attempt 4" in out
     assert "done 20 jobs, each once: True" in out
@@ -54,13 +44,7 @@ def test_queues_example_runs() -> None:
 
 
 def test_batches_example_runs() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "docs" / "examples" / "batches.py")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    out = run_example("batches")
     assert "enqueued: {'accepted': 20, 'duplicates': 0, 'fill': 0}" in out
     assert "sealed: {'state': 'sealed', 'total': 20, 'done': 0, 'failed': 0" in out
     final = "{'state': 'complete', 'total': 20, 'done': 19, 'failed': 1, 'completed': True}"

@@ -24,7 +24,7 @@ from rubris_asgi.protocol import (
     encode_frame,
 )
 
-from .enginekit import RecordingSink
+from .enginekit import arrived, connect
 
 TOKEN = "queue-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -60,24 +60,6 @@ async def api() -> AsyncIterator[tuple[Rubris, httpx.AsyncClient]]:
             yield rubris, http
 
 
-def session(rubris: Rubris) -> tuple[Session, RecordingSink]:
-    s = rubris.engine.open_session()
-    sink = RecordingSink(rubris.engine, s)
-    rubris.engine.attach(s, sink)
-    return s, sink
-
-
-async def frames_until(sink: RecordingSink, kind: type, n: int = 1) -> list[Any]:
-    """Every message of ``kind`` the sink received so far, once there are ``n`` of them."""
-    got: list[Any] = []
-    for _ in range(200):
-        got = [m for f in sink.messages() for m in f if isinstance(m, kind)]
-        if len(got) >= n:
-            return got
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"only {len(got)} {kind.__name__} arrived")
-
-
 async def test_enqueue_raises_queue_full_and_unknown_names() -> None:
     async with make() as rubris:
         for i in range(3):
@@ -101,7 +83,7 @@ async def test_put_waits_for_room() -> None:
         put = asyncio.create_task(rubris.put("jobs.a", "late"))
         await asyncio.sleep(0.05)
         assert not put.done()
-        s, sink = session(rubris)
+        s, sink = connect(rubris.engine)
         q = rubris._queue("jobs.a")
         rubris.engine.subscribe_queue(s, q, 1, prefetch=1)  # takes one item: room for one
         assert await asyncio.wait_for(put, 2) is True
@@ -110,7 +92,7 @@ async def test_put_waits_for_room() -> None:
 
 async def test_subscribe_with_prefetch_params_and_bad_values(api: Any) -> None:
     rubris, _ = api
-    s, sink = session(rubris)
+    s, sink = connect(rubris.engine)
     good = Subscribe(1, "jobs.a", 0, 0, orjson.dumps({"prefetch": 2}))
     bad = [
         Subscribe(2, "jobs.b", 0, 0, orjson.dumps({"prefetch": 0})),
@@ -118,27 +100,27 @@ async def test_subscribe_with_prefetch_params_and_bad_values(api: Any) -> None:
         Subscribe(4, "jobs.d", 0, 0, orjson.dumps({"prefetch": "9"})),
     ]
     await rubris.dispatcher.handle(s, [good, *bad])
-    (sub,) = await frames_until(sink, Subscribed)
+    (sub,) = await arrived(sink, Subscribed)
     assert sub.mode == 4 and sub.name == "jobs.a"
-    rejected = await frames_until(sink, Rejected, 3)
+    rejected = await arrived(sink, Rejected, 3)
     assert [r.code for r in rejected] == [ErrorCode.PROTOCOL] * 3
     assert "prefetch" in rejected[0].reason
     for i in range(3):
         rubris.enqueue("jobs.a", i)
-    await frames_until(sink, Item, 2)
+    await arrived(sink, Item, 2)
     await asyncio.sleep(0.05)
-    assert len(await frames_until(sink, Item)) == 2  # prefetch 2: the third waits
+    assert len(await arrived(sink, Item)) == 2  # prefetch 2: the third waits
 
 
 async def test_publish_enqueues_and_a_full_queue_rejects(api: Any) -> None:
     rubris, _ = api
-    s, sink = session(rubris)
+    s, sink = connect(rubris.engine)
     await rubris.dispatcher.handle(s, [Publish(i, "jobs.a", b'{"n":1}') for i in range(1, 5)])
-    (rej,) = await frames_until(sink, Rejected)
+    (rej,) = await arrived(sink, Rejected)
     assert (rej.req, rej.code) == (4, ErrorCode.TOO_MANY) and "full" in rej.reason
     assert rubris.queue_stats("jobs.a").enqueued == 3
     await rubris.dispatcher.handle(s, [Publish(9, "jobs.a", b"not json")])
-    rej = (await frames_until(sink, Rejected, 2))[1]
+    rej = (await arrived(sink, Rejected, 2))[1]
     assert (rej.req, rej.code) == (9, ErrorCode.PROTOCOL)
 
 

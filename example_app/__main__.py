@@ -14,7 +14,7 @@ def main() -> None:
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args()
     print(f"rubris_asgi demo on http://{args.host}:{args.port}/")
-    from .app import API_TOKEN, app, rubris
+    from .app import API_TOKEN, BATCH_FILE, app, rubris
 
     print(
         "print a trade on the tape from another program:\n"
@@ -23,6 +23,8 @@ def main() -> None:
         """ -d '{"topic": "trades", "data": {"id": 0, "symbol": "AAPL", "price": 1.0,"""
         """ "qty": 1, "side": "buy", "ts": 0}}'"""
     )
+    where = f"the SQLite file {BATCH_FILE}" if BATCH_FILE else "memory (RUBRIS_BATCHES: a file)"
+    print(f"batches (the page's 'Reprice all' button) are kept in {where}")
 
     # drains rubris (GOODBYE 9 to every client) before uvicorn closes the sockets; per-message
     # deflate at the WebSocket layer stays off, rubris deflates each message itself

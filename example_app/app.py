@@ -10,16 +10,22 @@ Channels:
     reprice.failed    work queue: jobs that failed three times (dead letters)
     reprice.results   ring of 64: what each worker computed (workers PUBLISH here)
     reprice.stats     snapshot: the queue's counters, once a second
+    batch.{id}        snapshot: a batch's progress (rubris's own, for reprice_all's batches)
 RPC: symbols, place_order, history (streamed), reprice_result (a tab's result, published on
-"reprice.results" for it: the browser client has no PUBLISH).
+"reprice.results" for it: the browser client has no PUBLISH), reprice_all (one "reprice" job
+per symbol enqueued as one batch, sealed; returns {"batch", "total", "ahead"}: the page
+follows batch.{id} with watchBatch; one running batch a session).
 HTTP API: POST /rubris/api/publish with the bearer token API_TOKEN (RUBRIS_API_TOKEN, or a
 random one printed at start): another program can print trades on the tape.
+Batch store: in memory, like the queue whose jobs the batches track (a restart loses both, and
+nothing is written to disk); RUBRIS_BATCHES=path keeps them in that SQLite file instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import secrets
 from collections.abc import AsyncIterator
@@ -31,13 +37,23 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from rubris_asgi import Reject, Rubris, Session
+from rubris_asgi.batches import BatchStore, MemoryBatchStore, SQLiteBatchStore, State
+from rubris_asgi.errors import UnknownBatch
 
 from .market import SYMBOLS, Market
 
 STATIC = Path(__file__).parent / "static"
 
 API_TOKEN = os.environ.get("RUBRIS_API_TOKEN") or secrets.token_urlsafe(16)
-rubris = Rubris(compress_at=512, api_token=API_TOKEN)
+
+BATCH_FILE = os.environ.get("RUBRIS_BATCHES") or None
+"""The SQLite file of batch tracking (made when the first batch opens); None: in memory.
+
+Not rubris's default (a SQLite file in the working directory): the jobs a batch tracks live in
+this process's queue, so a batch kept past a restart could only wait for jobs that are gone."""
+batch_store: BatchStore = SQLiteBatchStore(BATCH_FILE) if BATCH_FILE else MemoryBatchStore()
+
+rubris = Rubris(compress_at=512, api_token=API_TOKEN, batches=batch_store)
 market = Market()
 
 
@@ -66,7 +82,11 @@ async def fills(session: Session) -> None:
     return None
 
 
-@rubris.queue("reprice", max_length=1000, delivery_limit=3, dead_letter="reprice.failed")
+REPRICE_MAX = 1000
+"""The reprice queue's max_length: jobs waiting at most."""
+
+
+@rubris.queue("reprice", max_length=REPRICE_MAX, delivery_limit=3, dead_letter="reprice.failed")
 async def reprice(session: Session) -> None:
     return None
 
@@ -123,6 +143,82 @@ def _queue_stats() -> dict[str, int]:
 
 REPRICE_BACKLOG = 40
 """The simulator stops adding jobs while this many wait: nobody working means no pile-up."""
+
+_job_numbers = itertools.count(1)
+"""Job numbers, shared by the simulator's jobs and reprice_all's."""
+
+
+def _reprice_job(symbol: str) -> dict[str, object]:
+    """A "reprice" job as the tabs and ``example_app.worker`` work it."""
+    return {"job": next(_job_numbers), "symbol": symbol, "last": market.quotes[symbol].last}
+
+
+_session_batches: dict[str, str] = {}
+"""The batch each session started last with reprice_all (one may run at a time)."""
+_starting: set[str] = set()
+"""Sessions whose reprice_all is under way."""
+
+
+@rubris.rpc("reprice_all")
+async def reprice_all(session: Session, args: Any) -> dict[str, object]:
+    """One "reprice" job per symbol, tracked as one batch; returns ``{batch, total, ahead}``.
+
+    The jobs are the simulator's kind ({job, symbol, last}) on the same queue, so whoever
+    works the queue works them, unaware of the batch: the ACK of a job marks its batch item
+    done, its dead letter failed. ``ahead``: the jobs waiting before them (the queue is FIFO).
+    """
+    if session.id in _starting:
+        raise Reject("this session is already starting a batch")
+    _starting.add(session.id)
+    try:
+        return await _reprice_all(session)
+    finally:
+        _starting.discard(session.id)
+
+
+async def _reprice_all(session: Session) -> dict[str, object]:
+    batches = rubris.batches
+    live = {s.id for s in rubris.sessions()}
+    for sid in [sid for sid in _session_batches if sid not in live]:  # sessions gone
+        del _session_batches[sid]
+    running = _session_batches.get(session.id)
+    if running is not None:
+        try:
+            st = await batches.status(running)
+        except UnknownBatch:  # forgotten a day after it ended
+            pass
+        else:
+            if st.state in (State.OPEN, State.SEALED):
+                raise Reject(
+                    f"batch {running} from this session is still running"
+                    f" ({st.done + st.failed} / {st.total} jobs ended)"
+                )
+    symbols = list(SYMBOLS)
+    _check_room(len(symbols))  # before a batch is opened for nothing
+    batch = await batches.open()
+    group = await batches.add(batch, len(symbols))
+    try:
+        _check_room(len(symbols))  # others may have enqueued during the awaits
+    except Reject:
+        await batches.fail(group.ids())  # ends at once: complete, every item failed
+        await batches.seal(batch)
+        raise
+    ahead = _queue_stats()["waiting"]
+    # no await from the room check to the last job: all of them go in, or none
+    for i, symbol in enumerate(symbols):
+        rubris.enqueue("reprice", _reprice_job(symbol), id=f"{batch}:{i}", batch_item=group.id(i))
+    await batches.seal(batch)
+    _session_batches[session.id] = batch
+    return {"batch": batch, "total": len(symbols), "ahead": ahead}
+
+
+def _check_room(n: int) -> None:
+    waiting = _queue_stats()["waiting"]
+    if waiting + n > REPRICE_MAX:
+        raise Reject(
+            f"the reprice queue has room for {max(0, REPRICE_MAX - waiting)} more jobs, not {n}"
+            f" ({waiting} of {REPRICE_MAX} waiting): let the workers catch up first"
+        )
 
 
 @rubris.rpc("symbols")
@@ -182,9 +278,8 @@ async def simulate(tick: float = 0.1) -> None:
                 if rubris.has_subscribers(name):
                     rubris.publish(name, market.book(sym))
         if n % 2 == 0 and _queue_stats()["waiting"] < REPRICE_BACKLOG:
-            sym = rng.choice(syms)
-            job = {"job": n // 2, "symbol": sym, "last": market.quotes[sym].last}
-            rubris.enqueue("reprice", job, id=f"job-{n // 2}")
+            job = _reprice_job(rng.choice(syms))
+            rubris.enqueue("reprice", job, id=f"job-{job['job']}")
         if n % 10 == 0:
             rubris.publish("reprice.stats", _queue_stats())
 

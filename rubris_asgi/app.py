@@ -320,7 +320,8 @@ class Rubris:
         (10 minutes, at most 1,000,000 ids) is not enqueued again and the call returns False.
         ``batch_item`` (an item id of ``rubris.batches``) is marked done when a consumer ACKs
         the item, failed when the item is dead-lettered; its form is checked here
-        (``MalformedItem``), its batch when it ends (``put`` checks both now).
+        (``MalformedItem``), its batch when it ends (``put`` checks both now). An ``id`` the
+        queue has seen is the same work: the batch item of the first is the one that ends.
         Raises ``QueueFull`` at the queue's ``max_length``, ``ProtocolError`` (code 3) when no
         queue channel matches ``name`` and ``MessageTooLarge`` over the writer pool's maximum.
         """

@@ -5,10 +5,26 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from playwright.async_api import Browser, async_playwright
 from websockets.asyncio.server import serve
 from websockets.typing import Subprotocol
 
+from .browserkit import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, MISSING_CHROMIUM
 from .test_client_unit import FakeServer
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """Headless Chromium for the Playwright async tests (test_browser.py has its own, sync)."""
+    if not HAVE_CHROMIUM:
+        # Not a skip: CI installs chromium, and a suite that quietly skips hides a broken setup.
+        pytest.fail(MISSING_CHROMIUM, pytrace=False)
+    async with async_playwright() as pw:
+        b = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            await b.close()
 
 
 @pytest.fixture

@@ -40,17 +40,9 @@ from playwright.sync_api import (
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
+from .browserkit import CHROMIUM, CHROMIUM_ARGS, MISSING_CHROMIUM
+
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 VIEWPORT: ViewportSize = {"width": 1440, "height": 900}
 WAIT_MS = 10_000  # default bound of one wait in the page
 RECOVER_MS = 20_000  # bound of the reconnect after a server restart (backoff caps at 5 s)
@@ -441,12 +433,6 @@ def screenshot(page: Page) -> None:
 
 
 # ---- fixtures -------------------------------------------------------------------------------
-
-
-MISSING_CHROMIUM = (
-    f"{CHROMIUM} is missing: the browser tests need Debian's chromium "
-    "(apt-get install chromium; .ci/run does it)"
-)
 
 
 @pytest.fixture(scope="module")

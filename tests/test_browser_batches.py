@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, Page
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
@@ -24,9 +24,6 @@ from rubris_asgi.batches import MemoryBatchStore
 
 from .server import run_server
 from .test_browser_queues import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    HAVE_CHROMIUM,
     PAGE,
     TRANSPORTS,
     WAIT_MS,
@@ -48,20 +45,6 @@ WATCH = """([id, timeout]) => {
         .then((state) => { window.outcome = { ok: state }; },
               (err) => { window.outcome = { name: err.name, code: err.code }; });
 }"""
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    if not HAVE_CHROMIUM:
-        pytest.fail(
-            f"{CHROMIUM} is missing: the browser tests need Debian's chromium", pytrace=False
-        )
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import re
 import time
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
+from playwright.async_api import Browser, ConsoleMessage, Page
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,17 +36,6 @@ from .server import run_server
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-HAVE_CHROMIUM = os.path.exists(CHROMIUM)
 WAIT_MS = 15_000  # bound of one wait in the page
 WAIT_S = 15.0  # bound of one wait on the server's statistics
 TRANSPORTS = ["websocket", "longpoll"]
@@ -211,21 +199,6 @@ class QueuePage:
     def assert_clean(self) -> None:
         unexpected = [e for e in self.errors if not any(p.search(e) for p in self.expected)]
         assert not unexpected, "browser errors:\n  " + "\n  ".join(unexpected)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    if not HAVE_CHROMIUM:
-        # Not a skip: CI installs chromium, and a suite that quietly skips hides a broken setup.
-        pytest.fail(
-            f"{CHROMIUM} is missing: the browser tests need Debian's chromium", pytrace=False
-        )
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 @dataclass

@@ -5,7 +5,8 @@
 // book.{symbol} (the order book), the private topic `fills`, and the RPCs `symbols`,
 // `place_order` and the streamed `history`. The tab also works jobs of the queue topic `reprice`
 // (consume()), competing with other tabs and Python workers; it shows the ring `reprice.results`
-// and the snapshot `reprice.stats`.
+// and the snapshot `reprice.stats`. The RPC `reprice_all` enqueues a job per symbol as one batch,
+// whose progress the tab follows on `batch.{id}` (watchBatch()).
 //
 // Messages update plain state; the DOM is painted at most once per animation frame, so a burst
 // of hundreds of prices per second costs one layout per frame, not one per message.
@@ -515,6 +516,7 @@ function paintWorker() {
   queuePanel.dataset.state = state;
   queuePanel.dataset.done = String(jobsDone);
   $("rq-state").textContent = jobsDone ? `${state} · ${fmtQty(jobsDone)} done here` : state;
+  paintBatch();
 }
 
 function paintQueueStats(s) {
@@ -526,6 +528,8 @@ function paintQueueStats(s) {
     if (cls !== null) cell.className = `num ${cls}`;
   };
   const dead = s.dead_lettered ?? 0;
+  queueConsumers = s.consumers ?? 0;
+  paintBatch();
   show("rq-waiting", s.waiting ?? 0);
   show("rq-outstanding", s.outstanding ?? 0);
   show("rq-consumers", s.consumers ?? 0, (s.consumers ?? 0) === 0 ? "warn" : "");
@@ -561,6 +565,147 @@ function addResult(r) {
   while (results.rows.length > RESULT_ROWS) results.lastElementChild.remove();
 }
 
+// ---- work queue: every symbol as one batch --------------------------------------------------
+//
+// "Reprice all" calls the RPC reprice_all: the server opens a batch, enqueues one ordinary
+// reprice job per symbol on the same queue (each carrying its batch item) and seals the batch.
+// Whoever works the queue (this tab, other tabs, Python workers) works and ACKs them as usual,
+// knowing nothing of the batch; the server counts each ACK (done) or dead letter (failed) and
+// pushes the batch's state on `batch.{id}`, which watchBatch() follows until it is complete.
+
+const batchBox = $("rq-batch");
+const batchButton = $("rq-batch-start");
+const BATCH_KEY = "rubris-demo-batch"; // sessionStorage: a reloaded tab goes on watching its batch
+let symbolCount = 0;
+let queueConsumers = null; // consumers of "reprice" in the last reprice.stats
+/** The batch on show: state idle | starting | running | complete | expired | error. */
+let batch = { state: "idle" };
+
+const fmtSeconds = (ms) => `${(ms / 1000).toFixed(1)} s`;
+
+function batchProgress(b) {
+  const failed = b.failed ? `, ${fmtQty(b.failed)} failed` : "";
+  return `${fmtQty(b.done)} / ${fmtQty(b.total)} done${failed}`;
+}
+
+function batchText(b) {
+  switch (b.state) {
+    case "idle":
+      return symbolCount ? `${symbolCount} jobs, one per symbol` : "one job per symbol";
+    case "starting":
+      return "enqueueing…";
+    case "running": {
+      const ahead = b.done + b.failed === 0 && b.ahead > 0
+        ? ` · ${fmtQty(b.ahead)} job${b.ahead === 1 ? "" : "s"} ahead` : "";
+      return batchProgress(b) + ahead;
+    }
+    case "complete":
+      return `${batchProgress(b)}, complete in ${fmtSeconds(b.ended - b.started)}`;
+    case "expired":
+      return `expired at ${batchProgress(b)}`;
+    default:
+      return b.message ?? "";
+  }
+}
+
+function paintBatch() {
+  const b = batch;
+  const active = b.state === "starting" || b.state === "running";
+  batchButton.disabled = active || symbolCount === 0;
+  batchButton.textContent = symbolCount
+    ? `Reprice all ${symbolCount} symbols as one batch` : "Reprice all symbols as one batch";
+  Object.assign(batchBox.dataset, {
+    state: b.state,
+    batch: b.id ?? "",
+    total: String(b.total ?? 0),
+    done: String(b.done ?? 0),
+    failed: String(b.failed ?? 0),
+  });
+  if (b.state === "complete") batchBox.dataset.ms = String(b.ended - b.started);
+  else delete batchBox.dataset.ms;
+  const total = b.total || 0;
+  const share = (n) => (total ? `${((100 * (n || 0)) / total).toFixed(2)}%` : "0%");
+  $("rq-batch-done").style.width = share(b.done);
+  $("rq-batch-failed").style.width = share(b.failed);
+  const bar = $("rq-batch-bar");
+  bar.setAttribute("aria-valuemax", String(total));
+  bar.setAttribute("aria-valuenow", String((b.done || 0) + (b.failed || 0)));
+  const text = $("rq-batch-text");
+  text.textContent = text.title = batchText(b);
+  // Jobs only move while someone consumes the queue: this tab, or anyone the stats count.
+  const idleQueue = active && !consumerLive && queueConsumers === 0;
+  $("rq-batch-hint").hidden = !idleQueue;
+  batchBox.dataset.stalled = String(idleQueue);
+}
+
+function setBatch(next) {
+  batch = next;
+  paintBatch();
+}
+
+async function startBatch() {
+  if (batch.state === "starting" || batch.state === "running") return;
+  const started = Date.now();
+  setBatch({ state: "starting", total: symbolCount, done: 0, failed: 0, started });
+  let res;
+  try {
+    res = await client.call("reprice_all");
+  } catch (err) {
+    setBatch({ state: "error", message: `Refused: ${err.message}` });
+    return;
+  }
+  const run = { id: res.batch, total: res.total, ahead: res.ahead ?? 0, started };
+  try {
+    sessionStorage.setItem(BATCH_KEY, JSON.stringify(run));
+  } catch {
+    // storage unavailable: a reload just forgets the batch
+  }
+  watchRun(run);
+}
+
+/** Follow a batch on `batch.{id}` until it is complete or expired. */
+async function watchRun(run) {
+  setBatch({ state: "running", done: 0, failed: 0, ...run });
+  const current = batch;
+  try {
+    const final = await client.watchBatch(run.id, (s) => {
+      if (batch !== current) return;
+      Object.assign(batch, { total: s.total, done: s.done, failed: s.failed });
+      paintBatch();
+    });
+    if (batch !== current) return;
+    Object.assign(batch, { state: final.state, total: final.total, done: final.done,
+      failed: final.failed, ended: Date.now() });
+    paintBatch();
+  } catch (err) {
+    if (batch !== current) return;
+    const why = err.code === ErrorCode.UNKNOWN
+      ? "the server does not know it (restarted?)" : err.message;
+    setBatch({ state: "error", message: `Lost batch ${run.id}: ${why}` });
+  } finally {
+    try {
+      sessionStorage.removeItem(BATCH_KEY);
+    } catch {
+      // nothing to forget
+    }
+  }
+}
+
+/** A batch this tab started before a reload, if any. */
+function savedRun() {
+  try {
+    const run = JSON.parse(sessionStorage.getItem(BATCH_KEY) ?? "null");
+    return run && typeof run.id === "string" && isNum(run.total) && isNum(run.started) ? run : null;
+  } catch {
+    return null;
+  }
+}
+
+function setBatchSymbols(n) {
+  symbolCount = n;
+  paintBatch();
+}
+
 function startWorkQueue() {
   queuePanel.dataset.worker = WORKER;
   $("rq-name").textContent = WORKER;
@@ -571,6 +716,10 @@ function startWorkQueue() {
   client.subscribe("reprice.results", addResult);
   workToggle.addEventListener("change", syncWorker);
   syncWorker();
+  batchButton.addEventListener("click", startBatch);
+  const run = savedRun();
+  if (run) watchRun(run);
+  else paintBatch();
 }
 
 // ---- status bar ---------------------------------------------------------------------------
@@ -662,6 +811,7 @@ async function loadSymbols() {
 async function start() {
   const symbols = await loadSymbols();
   buildGrid(symbols);
+  setBatchSymbols(symbols.length);
   const select = orderForm.elements.symbol;
   select.replaceChildren(...symbols.map(({ symbol, name }) => {
     const option = el("option", "", symbol);

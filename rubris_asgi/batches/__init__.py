@@ -13,6 +13,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..errors import (
+    BadCount,
+    BatchError,
+    BatchExists,
+    BatchSealed,
+    ItemOutOfRange,
+    MalformedItem,
+    UnknownBatch,
+)
 from .ids import ItemRef, item_ids, new_batch_id, parse_item
 from .sqlite_store import SQLiteBatchStore
 from .store import BatchStore, MemoryBatchStore
@@ -22,13 +31,20 @@ if TYPE_CHECKING:
     from .redis_store import RedisBatchStore
 
 __all__ = [
+    "BadCount",
+    "BatchError",
+    "BatchExists",
+    "BatchSealed",
     "BatchStatus",
     "BatchStore",
+    "ItemOutOfRange",
     "ItemRef",
+    "MalformedItem",
     "MemoryBatchStore",
     "RedisBatchStore",
     "SQLiteBatchStore",
     "State",
+    "UnknownBatch",
     "item_ids",
     "new_batch_id",
     "parse_item",

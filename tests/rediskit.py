@@ -50,11 +50,15 @@ def _pings(port: int) -> bool:
 
 
 class RedisServer:
-    """A ``redis-server`` on a free port of 127.0.0.1, without persistence, in a temporary
-    directory; ``url`` points at its database 0. A context manager: stopped on exit."""
+    """A ``redis-server`` on a free port of 127.0.0.1, in a temporary directory; ``url`` points
+    at its database 0. A context manager: stopped on exit.
 
-    def __init__(self, executable: str = "redis-server") -> None:
+    Without persistence, unless ``persist``: then every write goes to an append-only file, so
+    ``kill()`` and ``restart()`` (on the same port) show a client what a Redis restart is."""
+
+    def __init__(self, executable: str = "redis-server", *, persist: bool = False) -> None:
         self.executable = executable
+        self.persist = persist
         self.port = 0
         self.dir: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -100,6 +104,18 @@ class RedisServer:
         self.stop()
         raise RuntimeError(f"{exe} on port {self.port} {failure}; its output:\n{out}")
 
+    def kill(self) -> None:
+        """Stop the server, keeping its directory (and, with ``persist``, its data)."""
+        self._halt()
+
+    def restart(self) -> None:
+        """Start it again on the same port after ``kill()``."""
+        exe = shutil.which(self.executable)
+        assert exe is not None and self.dir is not None
+        failure = self._launch(exe)
+        if failure is not None:
+            raise RuntimeError(f"{exe} on port {self.port} {failure}; its output:\n{self.output()}")
+
     def _launch(self, exe: str) -> str | None:
         """Start the server and wait until it answers; why not, if it exits or stays silent."""
         assert self.dir is not None
@@ -115,7 +131,9 @@ class RedisServer:
                     "--save",
                     "",
                     "--appendonly",
-                    "no",
+                    "yes" if self.persist else "no",
+                    "--appendfsync",
+                    "always",
                     "--dir",
                     self.dir,
                     "--daemonize",

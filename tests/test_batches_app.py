@@ -372,3 +372,32 @@ async def test_acks_reach_the_store_before_stop(tmp_path: Path) -> None:
     st = await store.status(batch)
     await store.close()
     assert (st.state.value, st.done) == ("complete", 50)
+
+
+async def test_queue_item_ends_wait_for_redis_to_come_back() -> None:
+    from rubris_asgi.batches.redis_store import RedisBatchStore
+
+    from .rediskit import RedisServer
+
+    with RedisServer(persist=True) as server:
+        async with make(batches=RedisBatchStore(server.url)) as rubris:
+            batch = await rubris.batches.open()
+            group = await rubris.batches.add(batch, 3)
+            await rubris.batches.seal(batch)
+            for i in range(3):
+                rubris.enqueue("work", i, batch_item=group.id(i))
+            worker, sink = connect(rubris.engine)
+            await subscribe(rubris, worker, "work")
+            (sub,) = await arrived(sink, Subscribed)
+            items = await arrived(sink, Item, 3)
+            server.kill()  # Redis is gone while the consumer ACKs
+            await rubris.dispatcher.handle(worker, [ack(sub.topic, *(i.tag for i in items))])
+            await asyncio.sleep(1.5)  # the hand-over failed and waits to retry
+            assert rubris.batches.pending.handed == 0
+            server.restart()
+            for _ in range(100):
+                if rubris.batches.pending.handed == 3:
+                    break
+                await asyncio.sleep(0.05)
+            st = await rubris.batches.status(batch)
+            assert (st.state.value, st.done, rubris.batches.pending.dropped) == ("complete", 3, 0)

@@ -195,6 +195,11 @@ class Batches:
             try:
                 await self._hand(done, False)
                 await self._hand(failed, True)
+            except asyncio.CancelledError:
+                # stopping mid-request: stop() flushes again, and acking twice changes nothing
+                self._done[:0] = done
+                self._failed[:0] = failed
+                raise
             except Exception:
                 log.exception("batch store failed; retrying in %.0f s", RETRY)
                 self._done[:0] = done  # not lost: first in line again

@@ -1,14 +1,14 @@
-"""The Client: supervisor, connection tasks (reader, writer, ACKs, heartbeat), public API.
+"""The Client: construction, lifecycle, public operations, sending.
 
-What it does with each server message is the ``_ServerMessages`` mixin of :mod:`.handlers`.
+How it keeps its connection (the supervisor and the connection tasks: reader, writer, ACKs,
+heartbeat) is the ``_Supervisor`` mixin of :mod:`.supervisor`; what it does with each server
+message is the ``_ServerMessages`` mixin of :mod:`.handlers`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
-import random
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -19,54 +19,36 @@ import orjson
 
 from ..errors import ErrorCode, ProtocolError, RubrisError
 from ..protocol import (
-    VERSION,
     Ack,
     Call,
     ClientMessage,
-    Hello,
-    Message,
     Mode,
-    Nack,
     Nak,
     Ping,
     Publish,
     Subscribe,
     Unsubscribe,
     Welcome,
-    decode_frame,
     encode,
-    iter_messages,
 )
 from ..queues.codel import CoDel
 from ..ratelimit import RateLimiter
 from .batches import watch_batch as _watch_batch
 from .concurrency import _within
 from .consumer import Consumer, QueueItem, _Settler
-from .errors import (
-    SubscriptionEnded,
-    _Bye,
-    _Fatal,
-    _Lost,
-    _lost,
-)
+from .errors import _lost
 from .handlers import Rejection, _ServerMessages
-from .links import _endpoints, _Link, _LongPollLink, _WebSocketLink
+from .links import _endpoints, _Link
 from .outbox import _Outbox
 from .payloads import _dumps
 from .stats import ClientStats
 from .subscription import GapInfo, PushInfo, Subscription, _StreamBox, _Topic
+from .supervisor import State, _Supervisor
 
 __all__ = ["Client", "ClientStats", "Rejection", "State"]
 
-log = logging.getLogger("rubris_asgi.client")
 
-State = Literal["connecting", "open", "reconnecting", "closed"]
-
-_MAX_BATCH = 1 << 20  # largest client frame when the server announces no max_frame
-_SLOW_RECONNECT = 1.0  # a connection that lived this long resets the backoff
-
-
-class Client(_ServerMessages):
+class Client(_Supervisor, _ServerMessages):
     """An asyncio client of one rubris session (see the :mod:`rubris_asgi.client` docstring).
 
     Args:
@@ -494,270 +476,3 @@ class Client(_ServerMessages):
                 and (sub.last_seq > sub._acked or sub._ack_due)
             ):
                 self._send_ack(sub)
-
-    # ------------------------------------------------------------------ supervisor
-
-    def _set_state(self, state: State) -> None:
-        self.state = state
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    def _new_link(self) -> _Link:
-        if self.transport == "websocket":
-            return _WebSocketLink(self._ws_url, self.headers, 64 * 1024 * 1024, self.open_timeout)
-        if self._http is None:
-            self._http = httpx.AsyncClient(
-                headers=self.headers,
-                transport=self._http_transport,
-                timeout=httpx.Timeout(self.open_timeout, read=self.poll_timeout),
-            )
-        return _LongPollLink(self._lp_url, self._http, self.backoff, self.open_timeout)
-
-    async def _handshake(self, link: _Link) -> tuple[Welcome, list[Message]]:
-        frame = await link.open(encode(Hello(VERSION, self._token)))
-        self._account(frame)
-        msgs = decode_frame(frame)
-        self.stats.messages += len(msgs)
-        if not msgs or not isinstance(msgs[0], Welcome):
-            got = type(msgs[0]).__name__.upper() if msgs else "nothing"
-            raise ProtocolError(f"expected WELCOME first, got {got}", ErrorCode.PROTOCOL)
-        link.bind(msgs[0])
-        return msgs[0], msgs[1:]
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        delay = self.backoff[0]
-        initial = True
-        error: BaseException | None = None
-        try:
-            while not self._closing:
-                link = self._new_link()
-                try:
-                    try:
-                        welcome, rest = await self._handshake(link)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as exc:
-                        if (
-                            initial
-                            or not self.reconnect
-                            or isinstance(exc, (_Fatal, ProtocolError))
-                        ):
-                            error = exc
-                            break
-                        log.debug("reconnect failed: %r", exc)
-                        await link.aclose()
-                        await self._sleep(delay)
-                        delay = min(delay * 2, self.backoff[1])
-                        continue
-                    if self._closing:
-                        break
-                    self._on_welcome(welcome, initial)
-                    if initial:
-                        initial = False
-                        if self._first is not None and not self._first.done():
-                            self._first.set_result(None)
-                    started = loop.time()
-                    try:
-                        await self._serve(link, rest)
-                    except _Lost as exc:
-                        log.debug("connection lost: %s", exc)
-                        if not self.reconnect:
-                            error = exc
-                            break
-                    except _Bye as exc:
-                        # only a server going away and a slow consumer are worth another try
-                        retry = exc.code in (ErrorCode.SLOW_CONSUMER, ErrorCode.SHUTTING_DOWN)
-                        if not (retry and self.reconnect):
-                            error = exc
-                            break
-                    except Exception as exc:  # ProtocolError, _Fatal, or a bug
-                        error = exc
-                        break
-                finally:
-                    await link.aclose()
-                self._set_state("reconnecting")
-                if loop.time() - started >= _SLOW_RECONNECT:
-                    delay = self.backoff[0]
-                await self._sleep(delay)
-                delay = min(delay * 2, self.backoff[1])
-        finally:
-            self._conn_tasks = []
-            http, self._http = self._http, None
-            if http is not None:
-                await http.aclose()
-            self._finish(error)
-
-    async def _sleep(self, delay: float) -> None:
-        await asyncio.sleep(delay * (0.5 + random.random() / 2))
-
-    def _on_welcome(self, w: Welcome, initial: bool) -> None:
-        self.welcome = w
-        self.session_id = w.session
-        self.resumed = w.resumed
-        self._token = w.resume
-        if not initial:
-            self.stats.reconnects += 1
-            if not w.resumed:
-                self._restart_session()
-        self._set_state("open")
-
-    def _restart_session(self) -> None:
-        """A new session replaced the old one: fail what it owed, subscribe again."""
-        why = "the session was not resumed after a reconnect"
-        for fut in (*self._calls.values(), *self._pings.values()):
-            if not fut.done():
-                fut.set_exception(_lost(why))
-        for box in self._streams.values():
-            box.finish(_lost(why))
-        self._topics.clear()
-        self._sub_reqs.clear()
-        self._outbox.discard((Subscribe, Unsubscribe, Ack, Nack))
-        again: list[tuple[ClientMessage, bytes]] = []
-        for sub in list(self._subs):
-            sub.active = False
-            if not sub._wanted:
-                self._subs.pop(sub, None)
-                sub._end(SubscriptionEnded(0, "unsubscribed"))
-                continue
-            epoch = since = 0
-            if isinstance(sub, Subscription):
-                if sub.mode in (Mode.RING, Mode.SNAPSHOT) and sub.epoch:
-                    epoch, since = sub.epoch, sub.last_seq
-                elif sub.mode == Mode.PRIVATE:
-                    sub.last_seq = sub._acked = sub._unacked = 0
-                    sub._ack_due = False
-            # a Consumer asks afresh with the same params (its prefetch); the server took back
-            # what it held when the connection was lost, and _connection_lost emptied its buffer
-            req = next(self._reqs)
-            self._sub_reqs[req] = sub
-            msg = Subscribe(req, sub.name, epoch, since, sub._params)
-            again.append((msg, encode(msg)))
-        self._outbox.push_front(again)
-
-    def _finish(self, error: BaseException | None) -> None:
-        """The client is closed: fail every waiter, end every subscription."""
-        if error is not None and self.error is None and not self._closing:
-            # the internal signals are not part of the API: they become ConnectionLost
-            self.error = _lost(str(error)) if isinstance(error, (_Lost, _Fatal, _Bye)) else error
-        if self.state == "closed" and self._outbox.closed is not None:
-            return
-        if error is not None and not self._closing:
-            message = f"connection lost: {error}"
-        else:
-            message = "the client is closed"
-        cause = self.error
-        first = self._first
-        if first is not None and not first.done():
-            first.set_exception(_lost(message, cause))
-        self._outbox.fail(_lost(message, cause))
-        for fut in (*self._calls.values(), *self._pings.values()):
-            if not fut.done():
-                fut.set_exception(_lost(message, cause))
-        for box in self._streams.values():
-            box.finish(_lost(message, cause))
-        for sub in list(self._subs):
-            if sub._pending is not None and not sub._pending.done():
-                sub._pending.set_exception(_lost(message, cause))
-            if self.error is not None:
-                sub._end(_lost(message, cause))
-            else:
-                sub._end(SubscriptionEnded(0, "the client is closed"))
-            if isinstance(sub, Consumer):
-                sub._cancel()
-        self._subs.clear()
-        self._topics.clear()
-        self._sub_reqs.clear()
-        self._set_state("closed")
-
-    async def _serve(self, link: _Link, first: list[Message]) -> None:
-        """Run one connection until it ends; raises why it ended."""
-        loop = asyncio.get_running_loop()
-        self._last_rx = loop.time()
-        w = self.welcome
-        assert w is not None
-        tasks = [
-            loop.create_task(self._reader(link, first), name="rubris-client-reader"),
-            loop.create_task(self._writer(link, w.max_frame), name="rubris-client-writer"),
-            loop.create_task(self._acker(), name="rubris-client-acks"),
-        ]
-        if self.transport == "websocket" and self.heartbeat and w.heartbeat_ms > 0:
-            hb = loop.create_task(self._heartbeat(w.heartbeat_ms / 1000), name="rubris-client-hb")
-            tasks.append(hb)
-        self._conn_tasks = tasks
-        self._link = link
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self._conn_tasks = []
-            self._link = None
-            self._connection_lost()
-        for t in done:
-            exc = t.exception()
-            if exc is not None:
-                raise exc
-        raise _Lost("the connection ended")
-
-    def _connection_lost(self) -> None:
-        """The server takes back every queue item outstanding on a lost connection (even when
-        the session is resumed): forget them, and any ACK or NACK of them not sent yet."""
-        self._settler.new_connection()
-        queues = set()
-        for number, sub in self._topics.items():
-            if isinstance(sub, Consumer):
-                queues.add(number)
-                sub._connection_lost()
-        if queues:
-            self._outbox.discard_where(
-                lambda msg: isinstance(msg, Nack) or (isinstance(msg, Ack) and msg.topic in queues)
-            )
-
-    # ------------------------------------------------------------------ connection tasks
-
-    async def _writer(self, link: _Link, max_frame: int) -> None:
-        limit = max_frame or _MAX_BATCH
-        while True:
-            batch = await self._outbox.take(limit)
-            await link.send(b"".join(batch))
-
-    async def _acker(self) -> None:
-        while True:
-            await asyncio.sleep(self.ack_interval)
-            self._flush_acks()
-
-    async def _heartbeat(self, interval: float) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(interval)
-            # a reader busy in a slow callback is our silence, not the server's
-            if not self._busy and loop.time() - self._last_rx > 2 * interval:
-                raise _Lost(f"nothing from the server for {2 * interval:.3g} s")
-            self._control(Ping(next(self._tokens)))
-
-    async def _reader(self, link: _Link, first: list[Message]) -> None:
-        loop = asyncio.get_running_loop()
-        for msg in first:
-            await self._on_message(msg)
-        while True:
-            frame = await link.recv()
-            self._last_rx = loop.time()
-            self._account(frame)
-            self._busy = True
-            try:
-                for msg in iter_messages(frame):
-                    self.stats.messages += 1
-                    await self._on_message(msg)
-            finally:
-                self._busy = False
-                # frames that came while a slow callback ran are waiting to be read
-                self._last_rx = loop.time()
-
-    def _account(self, frame: bytes) -> None:
-        st = self.stats
-        st.frames += 1
-        st.bytes_in += len(frame)
-        if self.raw_frames is not None:
-            self.raw_frames.append(frame)

@@ -204,10 +204,7 @@ class HttpApi:
             return entries
         if kind != _JSON:
             raise Refusal(415, f"the body must be {_JSON} or {_NDJSON}, not {kind or 'untyped'}")
-        try:
-            value = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise Refusal(400, f"the body is not JSON: {exc}") from None
+        value = json_body(body)
         if isinstance(value, dict):
             return [(0, value)]
         if isinstance(value, list) and value:
@@ -314,6 +311,14 @@ class HttpApi:
         body: dict[str, Any] = {"error": r.error, "index": r.index}
         headers = {"WWW-Authenticate": "Bearer"} if r.status == 401 else None
         return self._answer(body, r.status, headers, queues)
+
+
+def json_body(body: bytes) -> Any:
+    """A request body's JSON value; 400 when it is not JSON."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise Refusal(400, f"the body is not JSON: {exc}") from None
 
 
 def _payload(codec: int, entry: dict[str, Any], index: int) -> bytes:

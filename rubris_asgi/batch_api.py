@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from .api import FILL_HEADER, HttpApi, Refusal
+from .api import FILL_HEADER, HttpApi, Refusal, json_body
 from .batches.ids import BATCH_ID, ItemRef, new_batch_id, parse_item
 from .batches.service import Batches
 from .errors import BatchError
@@ -154,10 +154,7 @@ class BatchApi:
         kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if kind != _JSON:
             raise Refusal(415, f"the body must be {_JSON}, not {kind or 'untyped'}")
-        try:
-            value = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise Refusal(400, f"the body is not JSON: {exc}") from None
+        value = json_body(body)
         if not isinstance(value, dict):
             raise Refusal(400, "the body must be a JSON object")
         return value

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from playwright.async_api import Browser, async_playwright
+from playwright.async_api import Browser, Page, async_playwright
 from websockets.asyncio.server import serve
 from websockets.typing import Subprotocol
 
@@ -25,6 +25,17 @@ async def browser() -> AsyncIterator[Browser]:
             yield b
         finally:
             await b.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    """A fresh page in its own context; one wait in it is bounded by 15 s."""
+    context = await browser.new_context()
+    context.set_default_timeout(15_000)
+    try:
+        yield await context.new_page()
+    finally:
+        await context.close()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Page
+from playwright.async_api import Page
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
@@ -26,7 +26,6 @@ from .server import run_server
 from .test_browser_queues import (
     PAGE,
     TRANSPORTS,
-    WAIT_MS,
     QueuePage,
     Served,
     until,
@@ -45,16 +44,6 @@ WATCH = """([id, timeout]) => {
         .then((state) => { window.outcome = { ok: state }; },
               (err) => { window.outcome = { name: err.name, code: err.code }; });
 }"""
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context()
-    context.set_default_timeout(WAIT_MS)
-    try:
-        yield await context.new_page()
-    finally:
-        await context.close()
 
 
 @contextlib.asynccontextmanager

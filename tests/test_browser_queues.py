@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, ConsoleMessage, Page
+from playwright.async_api import ConsoleMessage, Page
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -205,16 +205,6 @@ class QueuePage:
 class Served:
     rubris: Rubris
     url: str
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context()
-    context.set_default_timeout(WAIT_MS)
-    try:
-        yield await context.new_page()
-    finally:
-        await context.close()
 
 
 @contextlib.asynccontextmanager

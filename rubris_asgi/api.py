@@ -17,6 +17,7 @@ of a request: 403 when it says no or raises ``Reject``), or both (the token firs
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hmac
@@ -30,6 +31,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from .batches import ItemRef, parse_item
+from .batches.ids import BATCH_ID
 from .batches.service import Batches
 from .channels import Channel, Registry
 from .config import Config
@@ -39,6 +41,8 @@ from .protocol import Codec, Mode
 from .queues import QueueTopic
 
 AuthorizeApi = Callable[[Request, str], "bool | Awaitable[bool]"]
+_Item = tuple[QueueTopic, bytes, "str | None", "str | None"]
+"""An item ready for ``Engine.offer_items``: queue, payload, id, batch item."""
 
 FILL_HEADER = "Rubris-Fill"
 RETRY_AFTER = 1
@@ -81,6 +85,7 @@ class HttpApi:
         self._authorize = authorize
         self.batches: Batches | None = None
         """Batch tracking, for ``batch_item`` (set by ``Rubris`` when it is on)."""
+        self._batch_lock = asyncio.Lock()
         self.accepting = True
         """False from the start of a graceful shutdown: requests get 503."""
 
@@ -122,21 +127,26 @@ class HttpApi:
         return self._answer({"accepted": len(items), "duplicates": 0})
 
     async def enqueue(self, request: Request) -> Response:
-        """POST {mount}/api/enqueue."""
+        """POST {mount}/api/enqueue (``?batch={id}``: the items become one group of that
+        batch, see ``_enqueue_in_batch``)."""
         queues: list[QueueTopic] = []
         try:
             if not self.accepting:
                 raise Refusal(503, "server shutting down")
             self.check_token(request)
+            batch = self._batch_param(request)
             body = await self.read_body(request)
             entries = self._parse(request.headers.get("content-type", ""), body)
             channels: dict[str, Channel | None] = {}
             staged = [self._stage(index, entry, channels, True) for index, entry in entries]
             refs = [(e[0], e[5]) for e in staged if e[5] is not None]
-            await self.check_authorised(
-                request,
-                [(e[0], e[1]) for e in staged] + [(i, f"batch.{r.batch}") for i, r in refs],
-            )
+            if batch is not None and refs:
+                why = "batch_item: the request's ?batch= numbers the items"
+                raise Refusal(400, why, refs[0][0])
+            batches: list[tuple[int | None, str]] = [(i, f"batch.{r.batch}") for i, r in refs]
+            if batch is not None:
+                batches.append((None, f"batch.{batch}"))
+            await self.check_authorised(request, [(e[0], e[1]) for e in staged] + batches)
             if refs:
                 await self._check_batch_items(refs)
             engine = self.engine
@@ -145,20 +155,89 @@ class HttpApi:
                 for _i, name, ch, payload, item_id, ref in staged
             ]
             queues = list({q.number: q for q, _p, _id, _b in items}.values())
+            if batch is not None:
+                return await self._enqueue_in_batch(batch, items, queues)
         except Refusal as r:
             return self.refusal(r, queues)
         except ProtocolError as exc:  # too many topics on this server
             return self.refusal(Refusal(503, str(exc)), queues)
         duplicates = engine.offer_items(items)
         if duplicates is None:
-            full = [q.name for q in queues if not q.room()] or [q.name for q in queues]
-            return self._answer(
-                {"error": f"queue {full[0]!r} cannot take the request's items now"},
-                429,
-                {"Retry-After": str(RETRY_AFTER)},
-                queues,
-            )
-        return self._answer({"accepted": len(items), "duplicates": duplicates}, queues=queues)
+            return self._queues_full(queues)
+        return self._answer({"accepted": len(items), "duplicates": len(duplicates)}, queues=queues)
+
+    async def _enqueue_in_batch(
+        self, batch: str, items: list[_Item], queues: list[QueueTopic]
+    ) -> Response:
+        """Add one group to ``batch`` for the items that are not duplicates, and enqueue them
+        as its items ``{batch}:{group}:0 …`` in request order, as one step.
+
+        This is what makes a retried producer (a Spark task's second attempt) exact: the items
+        its first attempt enqueued are recognised by their ids and tracked by the group made
+        then, so the new group counts only items really enqueued now, and the batch completes
+        when every item in the queue has ended. The lock keeps two such requests from
+        interleaving between the plan and the offer; anything else that enqueues the same ids
+        or fills the queue in that moment (the add is one store round trip) is caught after the
+        offer: the group's items that were not enqueued end at once (failed when the queue
+        turned full and the request answers 429; done when another producer enqueued that id).
+        """
+        assert self.batches is not None
+        engine = self.engine
+        async with self._batch_lock:
+            plan = engine.plan_items(items)
+            if plan is None:
+                return self._queues_full(queues)
+            count = sum(plan)
+            refs: list[str] = []
+            group = None
+            if count:
+                try:
+                    added = await self.batches.add(batch, count)
+                except BatchError as exc:
+                    return self.refusal(Refusal(exc.status, f"batch: {exc.reason}"), queues)
+                group = added.group
+                refs = added.ids()
+            numbered = iter(refs)
+            items = [
+                (q, payload, item_id, next(numbered) if fresh else None)
+                for (q, payload, item_id, _b), fresh in zip(items, plan, strict=True)
+            ]
+            duplicates = engine.offer_items(items)
+            if duplicates is None:
+                await self.batches.fail(refs)
+                return self._queues_full(queues)
+            late = [r for i in duplicates if (r := items[i][3]) is not None]
+            if late:
+                await self.batches.ack(late)
+        return self._answer(
+            {
+                "accepted": len(items),
+                "duplicates": len(duplicates),
+                "batch": batch,
+                "group": group,
+                "count": count - len(late),
+            },
+            queues=queues,
+        )
+
+    def _batch_param(self, request: Request) -> str | None:
+        batch = request.query_params.get("batch")
+        if batch is None:
+            return None
+        if self.batches is None:
+            raise Refusal(400, "?batch=: batch tracking is off on this server")
+        if not BATCH_ID.match(batch):
+            raise Refusal(400, f"?batch=: {batch[:80]!r} is not a batch id")
+        return batch
+
+    def _queues_full(self, queues: list[QueueTopic]) -> Response:
+        full = [q.name for q in queues if not q.room()] or [q.name for q in queues]
+        return self._answer(
+            {"error": f"queue {full[0]!r} cannot take the request's items now"},
+            429,
+            {"Retry-After": str(RETRY_AFTER)},
+            queues,
+        )
 
     def _full(self, n: int | None = None) -> Response:
         what = f"{n} messages" if n is not None else "more messages"

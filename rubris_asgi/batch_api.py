@@ -3,6 +3,7 @@
 ::
 
     POST {mount}/api/batches                 -> 201 {"batch": id, "state": "open"}
+                                             ({"batch": id}: that id, 409 if it exists)
     POST {mount}/api/batches/{id}/items      {"count": n} -> {"group": g, "count": n}
     POST {mount}/api/batches/{id}/seal       -> the batch's status
     POST {mount}/api/batches/ack             {"items": [ids]} -> {"batches": {id: status}}
@@ -58,9 +59,14 @@ class BatchApi:
         try:
             await self._admit(request)
             body = await self._object(request, required=False)
-            if body:
-                raise Refusal(400, f"unknown field {sorted(body)[0]!r}")
-            batch = new_batch_id()
+            extra = body.keys() - {"batch"}
+            if extra:
+                raise Refusal(400, f"unknown field {sorted(extra)[0]!r}")
+            batch = body.get("batch", None)
+            if batch is None:
+                batch = new_batch_id()
+            elif not isinstance(batch, str) or not BATCH_ID.match(batch):
+                raise Refusal(400, "batch must be 1 to 64 letters, digits, - or _")
             await self.api.check_authorised(request, [(None, f"batch.{batch}")])
             opened = await self.batches.open(batch)
         except (Refusal, BatchError) as exc:

@@ -485,31 +485,46 @@ class Engine:
         """Raise ``MessageTooLarge`` for a queue item of ``size`` bytes no frame could carry."""
         self.pool.check_size(size + ITEM_HEADER)
 
-    def offer_items(
+    def plan_items(
         self, entries: list[tuple[QueueTopic, bytes, str | None, str | None]]
-    ) -> int | None:
-        """Enqueue encoded items from outside the process, all of them or none.
-
-        Items whose id a queue saw within its dedup window (or earlier in ``entries``) are not
-        enqueued again. Returns how many were such duplicates, or None (nothing taken) when a
-        queue has no room for its new items. Payload sizes were checked by the caller.
-        """
+    ) -> list[bool] | None:
+        """Which of ``entries`` ``offer_items`` would enqueue now (False: a duplicate by its
+        id, within the queue's dedup window or earlier in ``entries``), or None when a queue
+        has no room for its new items. Changes nothing."""
         now = self.clock()
         fresh: dict[QueueTopic, int] = {}
         seen: set[tuple[int, str]] = set()
+        plan: list[bool] = []
         for q, _payload, item_id, _batch_item in entries:
             if item_id is not None:
                 key = (q.number, item_id)
                 if key in seen or q.ids.check(item_id, now):
+                    plan.append(False)
                     continue
                 seen.add(key)
+            plan.append(True)
             fresh[q] = fresh.get(q, 0) + 1
         if not all(q.room(n) for q, n in fresh.items()):
             return None
-        duplicates = 0
-        for q, payload, item_id, batch_item in entries:
+        return plan
+
+    def offer_items(
+        self, entries: list[tuple[QueueTopic, bytes, str | None, str | None]]
+    ) -> list[int] | None:
+        """Enqueue encoded items from outside the process, all of them or none.
+
+        Items whose id a queue saw within its dedup window (or earlier in ``entries``) are not
+        enqueued again. Returns the indexes of such duplicates in ``entries``, or None (nothing
+        taken) when a queue has no room for its new items. Payload sizes were checked by the
+        caller.
+        """
+        if self.plan_items(entries) is None:
+            return None
+        now = self.clock()
+        duplicates: list[int] = []
+        for i, (q, payload, item_id, batch_item) in enumerate(entries):
             if q.duplicate(item_id, now):
-                duplicates += 1
+                duplicates.append(i)
                 continue
             data, compressed = self.compression.maybe_compress(payload, q.compress_at)
             q.put(QueueItem(data, compressed, item_id, now, batch_item))

@@ -401,3 +401,84 @@ async def test_queue_item_ends_wait_for_redis_to_come_back() -> None:
                 await asyncio.sleep(0.05)
             st = await rubris.batches.status(batch)
             assert (st.state.value, st.done, rubris.batches.pending.dropped) == ("complete", 3, 0)
+
+
+# the producer's own batch id, and ?batch= on /api/enqueue (what a retried Spark task relies on)
+
+
+async def test_open_with_the_producers_id(app: tuple[Rubris, httpx.AsyncClient]) -> None:
+    _rubris, http = app
+    r = await http.post("/api/batches", json={"batch": "job-7_a"}, headers=AUTH)
+    assert r.status_code == 201 and r.json() == {"batch": "job-7_a", "state": "open"}
+    r = await http.post("/api/batches", json={"batch": "job-7_a"}, headers=AUTH)
+    assert r.status_code == 409, r.text
+    for bad in ("", "a:b", "x" * 65, 7):
+        r = await http.post("/api/batches", json={"batch": bad}, headers=AUTH)
+        assert r.status_code == 400, (bad, r.text)
+    r = await http.post("/api/batches", json={"batch": "b", "count": 1}, headers=AUTH)
+    assert r.status_code == 400 and "count" in r.json()["error"]
+
+
+async def test_enqueue_into_a_batch_counts_only_what_it_enqueues(
+    app: tuple[Rubris, httpx.AsyncClient],
+) -> None:
+    rubris, http = app
+    batch = (await http.post("/api/batches", headers=AUTH)).json()["batch"]
+    entries = [{"topic": "work", "data": i, "id": f"row-{i}"} for i in range(5)]
+    r = await http.post(f"/api/enqueue?batch={batch}", json=entries[:3], headers=AUTH)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["group"], body["count"], body["duplicates"]) == (0, 3, 0)
+    # the retry of a task that died after its first request: three ids seen, two new
+    r = await http.post(f"/api/enqueue?batch={batch}", json=entries, headers=AUTH)
+    body = r.json()
+    assert (body["group"], body["count"], body["duplicates"]) == (1, 2, 3)
+    # everything a duplicate: no group at all
+    r = await http.post(f"/api/enqueue?batch={batch}", json=entries, headers=AUTH)
+    assert (r.json()["group"], r.json()["count"]) == (None, 0)
+    st = await rubris.batches.status(batch)
+    assert (st.total, st.done) == (5, 0)
+    q = rubris.engine.queues["work"]
+    assert [it.batch_item for it in q.ready] == [
+        f"{batch}:0:0",
+        f"{batch}:0:1",
+        f"{batch}:0:2",
+        f"{batch}:1:0",
+        f"{batch}:1:1",
+    ]
+    # consumers ACK all five: the seal completes the batch with exactly five items
+    worker, sink = connect(rubris.engine)
+    await rubris.dispatcher.handle(worker, [Subscribe(1, "work", 0, 0, b'{"prefetch": 10}')])
+    (sub,) = await arrived(sink, Subscribed)
+    items = await arrived(sink, Item, 5)
+    await rubris.dispatcher.handle(worker, [ack(sub.topic, *(i.tag for i in items))])
+    for _ in range(300):
+        if (await rubris.batches.status(batch)).done == 5:
+            break
+        await asyncio.sleep(0.01)
+    r = await http.post(f"/api/batches/{batch}/seal", headers=AUTH)
+    assert r.json() == {"state": "complete", "total": 5, "done": 5, "failed": 0, "completed": True}
+
+
+async def test_enqueue_into_a_batch_refuses_clearly_and_changes_nothing(
+    app: tuple[Rubris, httpx.AsyncClient],
+) -> None:
+    rubris, http = app
+    entry = {"topic": "work", "data": 1}
+    r = await http.post("/api/enqueue?batch=nosuch", json=entry, headers=AUTH)
+    assert r.status_code == 404, r.text
+    r = await http.post("/api/enqueue?batch=a:b", json=entry, headers=AUTH)
+    assert r.status_code == 400 and "?batch=" in r.json()["error"]
+    batch = await rubris.batches.open()
+    group = await rubris.batches.add(batch, 1)
+    r = await http.post(
+        f"/api/enqueue?batch={batch}",
+        json=[entry, {**entry, "batch_item": group.id(0)}],
+        headers=AUTH,
+    )
+    assert r.status_code == 400 and r.json()["index"] == 1
+    await rubris.batches.seal(batch)
+    r = await http.post(f"/api/enqueue?batch={batch}", json=entry, headers=AUTH)
+    assert r.status_code == 409, r.text
+    assert "work" not in rubris.engine.queues or not rubris.engine.queues["work"].ready
+    assert (await rubris.batches.status(batch)).total == 1

@@ -103,8 +103,9 @@ def _line(topic: str, data: Any) -> bytes:
     return orjson.dumps({"topic": topic, "data": data})
 
 
-class _Core:
-    """What both forms share: settings, the batch, the limiter, reading answers."""
+class RequestCore:
+    """What both publisher forms and the Spark sink share: settings, the batch, the limiter,
+    reading answers, and the paced and retried request of the thread form."""
 
     def __init__(
         self,
@@ -114,10 +115,11 @@ class _Core:
         batch_bytes: int,
         retry_for: float,
         limiter: RateLimiter | None,
+        path: str = "publish",
     ) -> None:
         if batch < 1 or batch_bytes < 1 or retry_for < 0:
             raise ValueError("batch and batch_bytes must be >= 1, retry_for >= 0")
-        self.endpoint = url.rstrip("/") + "/api/publish"
+        self.endpoint = f"{url.rstrip('/')}/api/{path}"
         self.headers = {"Content-Type": "application/x-ndjson"}
         if token is not None:
             self.headers["Authorization"] = f"Bearer {token}"
@@ -171,6 +173,33 @@ class _Core:
         grown: float = min(_BACKOFF_MAX, _BACKOFF_BASE * 2.0**attempt)
         return max(at_least, grown * random.uniform(0.5, 1.0))
 
+    def post_blocking(
+        self,
+        http: httpx.Client,
+        body: bytes,
+        n: int,
+        sleep: Callable[[float], None] = time.sleep,
+        params: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send one request of ``n`` entries from a thread: paced (the limiter's tokens first),
+        retried as the class says; returns the 200 answer."""
+        self.limiter.acquire_blocking(n)
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                response = http.post(
+                    self.endpoint, content=body, headers=self.headers, params=params
+                )
+                wait = self.answer(response, n)
+                why = f"HTTP {response.status_code}"
+            except httpx.TransportError as exc:
+                wait, why = 0.0, f"{type(exc).__name__}: {exc}"
+            if wait is None:
+                return response
+            sleep(self.retry_wait(started, attempt, wait, why))
+            attempt += 1
+
 
 class Publisher:
     """Publish to shared topics through the HTTP API, batched and paced (asyncio).
@@ -198,7 +227,7 @@ class Publisher:
         limiter: RateLimiter | None = None,
         client: httpx.AsyncClient | None = None,
     ) -> None:
-        self._core = _Core(url, token, batch, batch_bytes, retry_for, limiter)
+        self._core = RequestCore(url, token, batch, batch_bytes, retry_for, limiter)
         self.linger = linger
         self._http = client or httpx.AsyncClient(timeout=30.0)
         self._own_http = client is None
@@ -318,7 +347,7 @@ class SyncPublisher:
         client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self._core = _Core(url, token, batch, batch_bytes, retry_for, limiter)
+        self._core = RequestCore(url, token, batch, batch_bytes, retry_for, limiter)
         self.linger = linger
         self._http = client or httpx.Client(timeout=30.0)
         self._own_http = client is None
@@ -346,21 +375,7 @@ class SyncPublisher:
             self._send(body, n)
 
     def _send(self, body: bytes, n: int) -> None:
-        core = self._core
-        core.limiter.acquire_blocking(n)
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            try:
-                response = self._http.post(core.endpoint, content=body, headers=core.headers)
-                wait = core.answer(response, n)
-                why = f"HTTP {response.status_code}"
-            except httpx.TransportError as exc:
-                wait, why = 0.0, f"{type(exc).__name__}: {exc}"
-            if wait is None:
-                return
-            self._sleep(core.retry_wait(started, attempt, wait, why))
-            attempt += 1
+        self._core.post_blocking(self._http, body, n, self._sleep)
 
     def close(self) -> None:
         try:

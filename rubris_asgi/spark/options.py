@@ -1,0 +1,156 @@
+"""The sink's options, read and checked once on the driver (``SinkOptions.parse``).
+
+Spark hands options over as strings under the names the user wrote; they are matched without
+regard to case, as Spark's own options are. Every mistake found here fails the query before a
+task starts, naming the option and what it accepts.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pyspark.sql.types import DoubleType, FloatType, StructType
+
+MODES = ("publish", "enqueue")
+
+
+class OptionError(ValueError):
+    """An option the sink cannot work with."""
+
+
+def lower_keys(options: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in options.items()}
+
+
+def _flag(opts: dict[str, str], name: str) -> bool:
+    value = opts.get(name.lower(), "false").strip().lower()
+    if value not in ("true", "false"):
+        raise OptionError(f"option {name} is true or false, not {value!r}")
+    return value == "true"
+
+
+def _number(opts: dict[str, str], name: str, default: float, least: float) -> float:
+    text = opts.get(name.lower())
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(f"option {name} is a number, not {text!r}") from None
+    if not value >= least:
+        raise OptionError(f"option {name} must be at least {least:g}, got {text!r}")
+    return value
+
+
+def template_fields(template: str) -> list[str]:
+    """The column names a topic template such as ``prices.{symbol}`` fills in."""
+    fields: list[str] = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise OptionError(f"option topic: {template!r} is not a template: {exc}") from None
+    for _literal, field, spec, conversion in parsed:
+        if field is None:
+            continue
+        if not field or spec or conversion or not field.isidentifier():
+            raise OptionError(
+                f"option topic: {{{field}}} in {template!r} must name a column, like {{symbol}}"
+            )
+        fields.append(field)
+    return fields
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """What ``df.write.format("rubris")`` was told (docs/spark.md lists each option)."""
+
+    url: str
+    token: str | None
+    mode: str
+    topic: str
+    topic_fields: tuple[str, ...]
+    value: str | None
+    columns: tuple[str, ...] | None
+    id_column: str | None
+    track: bool
+    announce: str | None
+    batch_size: int
+    batch_bytes: int
+    retry_for: float
+    timeout: float
+    float_columns: tuple[str, ...]
+    """Top-level float and double columns in the payload: NaN and infinity are refused there,
+    as JSON has no way to carry them."""
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], schema: StructType) -> SinkOptions:
+        opts = lower_keys(options)
+        url = opts.get("url", "").strip()
+        if not url.startswith(("http://", "https://")):
+            raise OptionError(
+                "option url is required: the rubris mount URL, like http://127.0.0.1:8000/rubris"
+            )
+        mode = opts.get("mode", "publish").strip().lower()
+        if mode not in MODES:
+            raise OptionError(f"option mode is publish or enqueue, not {mode!r}")
+        topic = opts.get("topic", "")
+        if not topic:
+            raise OptionError("option topic is required: a topic name or a template")
+        names = list(schema.fieldNames())
+
+        def column(name: str, what: str) -> str:
+            if name not in names:
+                raise OptionError(f"{what}: no column {name!r} (the columns: {', '.join(names)})")
+            return name
+
+        fields = tuple(column(f, f"option topic {topic!r}") for f in template_fields(topic))
+        value = opts.get("value")
+        columns_text = opts.get("columns")
+        if value is not None and columns_text is not None:
+            raise OptionError("options value and columns exclude each other")
+        columns = None
+        if value is not None:
+            value = column(value.strip(), "option value")
+        elif columns_text is not None:
+            columns = tuple(column(c.strip(), "option columns") for c in columns_text.split(","))
+        id_column = opts.get("idcolumn")
+        if id_column is not None:
+            if mode != "enqueue":
+                raise OptionError("option idColumn is for mode enqueue (publish has no ids)")
+            id_column = column(id_column.strip(), "option idColumn")
+        track = _flag(opts, "track")
+        if track and mode != "enqueue":
+            raise OptionError(
+                "option track needs mode enqueue: a batch completes when consumers ACK its items"
+            )
+        announce = opts.get("announce") or None
+        if announce is not None and not track:
+            raise OptionError("option announce names where a tracked batch is announced: set track")
+        if value is not None:
+            payload = [value]
+        else:
+            payload = list(columns) if columns is not None else names
+        floats = tuple(
+            f.name
+            for f in schema.fields
+            if f.name in payload and isinstance(f.dataType, (FloatType, DoubleType))
+        )
+        return cls(
+            url=url.rstrip("/"),
+            token=opts.get("token") or None,
+            mode=mode,
+            topic=topic,
+            topic_fields=fields,
+            value=value,
+            columns=columns,
+            id_column=id_column,
+            track=track,
+            announce=announce,
+            batch_size=int(_number(opts, "batchSize", 1000, 1)),
+            batch_bytes=int(_number(opts, "batchBytes", 1 << 20, 1024)),
+            retry_for=_number(opts, "retryFor", 30.0, 0),
+            timeout=_number(opts, "timeout", 30.0, 0.1),
+            float_columns=floats,
+        )

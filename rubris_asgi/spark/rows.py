@@ -1,0 +1,90 @@
+"""A row to one NDJSON entry of the HTTP API: ``RowEncoder.line``.
+
+The topic is the ``topic`` option, its ``{column}`` fields filled from the row. The payload is
+the row as a JSON object (nested rows as objects, dates and timestamps as ISO 8601 strings,
+decimals as numbers), the ``columns`` option's subset of it, or the ``value`` column alone: a
+binary value goes as ``data_b64`` (for bytes topics), anything else as ``data``. In enqueue
+mode each entry carries an ``id``: ``idColumn``'s value, or ``{write}:{partition}:{index}``.
+
+A row that cannot be sent raises ``SinkError`` naming the partition and the row's index in it:
+a template column that is null, a float that is NaN or infinite, a value JSON cannot carry.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from decimal import Decimal
+from typing import Any
+
+import orjson
+from pyspark.sql.types import Row
+
+from ..errors import RubrisError
+from .options import SinkOptions
+
+
+class RowError(RubrisError):
+    """A row the sink cannot send (its partition and index are in the message)."""
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, Row):
+        return value.asDict(recursive=True)
+    raise TypeError(f"{type(value).__name__} has no JSON form")
+
+
+class RowEncoder:
+    """Entries for one partition's rows."""
+
+    def __init__(self, opts: SinkOptions, key: str, partition: int) -> None:
+        self.opts = opts
+        self.key = key
+        self.partition = partition
+        self.enqueue = opts.mode == "enqueue"
+        self.template = bool(opts.topic_fields)
+
+    def line(self, index: int, row: Row) -> bytes:
+        opts = self.opts
+        try:
+            entry: dict[str, Any] = {"topic": self._topic(row) if self.template else opts.topic}
+            for name in opts.float_columns:
+                v = row[name]
+                if v is not None and not math.isfinite(v):
+                    raise RowError(f"column {name!r} is {v}, which JSON cannot carry")
+            if opts.value is not None:
+                v = row[opts.value]
+                if isinstance(v, (bytes, bytearray)):
+                    entry["data_b64"] = base64.b64encode(v).decode()
+                else:
+                    entry["data"] = v
+            elif opts.columns is not None:
+                entry["data"] = {c: row[c] for c in opts.columns}
+            else:
+                entry["data"] = row.asDict(recursive=True)
+            if self.enqueue:
+                if opts.id_column is not None:
+                    item_id = row[opts.id_column]
+                    if item_id is None:
+                        raise RowError(f"the id column {opts.id_column!r} is null")
+                    entry["id"] = str(item_id)
+                else:
+                    entry["id"] = f"{self.key}:{self.partition}:{index}"
+            return orjson.dumps(entry, default=_default)
+        except RowError as exc:
+            raise RowError(f"partition {self.partition}, row {index}: {exc}") from None
+        except TypeError as exc:  # orjson: a value it cannot write (binary, ...)
+            raise RowError(
+                f"partition {self.partition}, row {index}: a value JSON cannot carry: {exc}"
+            ) from None
+
+    def _topic(self, row: Row) -> str:
+        values = {}
+        for field in self.opts.topic_fields:
+            v = row[field]
+            if v is None:
+                raise RowError(f"the topic template's column {field!r} is null")
+            values[field] = v
+        return self.opts.topic.format_map(values)

@@ -11,7 +11,7 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyspark.sql.types import DoubleType, FloatType, StructType
+from pyspark.sql.types import ArrayType, DataType, DoubleType, FloatType, MapType, StructType
 
 MODES = ("publish", "enqueue")
 
@@ -83,6 +83,11 @@ class SinkOptions:
     float_columns: tuple[str, ...]
     """Top-level float and double columns in the payload: NaN and infinity are refused there,
     as JSON has no way to carry them."""
+    names: tuple[str, ...]
+    """The DataFrame's columns, in order: rows are read by position, which is cheaper."""
+    flat: bool
+    """No column holds rows (structs, or arrays and maps of them): a row's payload is a plain
+    ``dict(zip(names, row))``, without ``asDict``'s recursive walk."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> SinkOptions:
@@ -153,4 +158,16 @@ class SinkOptions:
             retry_for=_number(opts, "retryFor", 30.0, 0),
             timeout=_number(opts, "timeout", 30.0, 0.1),
             float_columns=floats,
+            names=tuple(names),
+            flat=not any(_holds_rows(f.dataType) for f in schema.fields),
         )
+
+
+def _holds_rows(kind: DataType) -> bool:
+    if isinstance(kind, StructType):
+        return True
+    if isinstance(kind, ArrayType):
+        return _holds_rows(kind.elementType)
+    if isinstance(kind, MapType):
+        return _holds_rows(kind.keyType) or _holds_rows(kind.valueType)
+    return False

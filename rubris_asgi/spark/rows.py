@@ -45,28 +45,36 @@ class RowEncoder:
         self.partition = partition
         self.enqueue = opts.mode == "enqueue"
         self.template = bool(opts.topic_fields)
+        at = {name: i for i, name in enumerate(opts.names)}
+        self.floats = [(name, at[name]) for name in opts.float_columns]
+        self.fields = [(name, at[name]) for name in opts.topic_fields]
+        self.value = at[opts.value] if opts.value is not None else None
+        self.columns = [(c, at[c]) for c in opts.columns] if opts.columns is not None else None
+        self.id_at = at[opts.id_column] if opts.id_column is not None else None
 
     def line(self, index: int, row: Row) -> bytes:
         opts = self.opts
         try:
             entry: dict[str, Any] = {"topic": self._topic(row) if self.template else opts.topic}
-            for name in opts.float_columns:
-                v = row[name]
+            for name, i in self.floats:
+                v = row[i]
                 if v is not None and not math.isfinite(v):
                     raise RowError(f"column {name!r} is {v}, which JSON cannot carry")
-            if opts.value is not None:
-                v = row[opts.value]
+            if self.value is not None:
+                v = row[self.value]
                 if isinstance(v, (bytes, bytearray)):
                     entry["data_b64"] = base64.b64encode(v).decode()
                 else:
                     entry["data"] = v
-            elif opts.columns is not None:
-                entry["data"] = {c: row[c] for c in opts.columns}
+            elif self.columns is not None:
+                entry["data"] = {c: row[i] for c, i in self.columns}
+            elif opts.flat:
+                entry["data"] = dict(zip(opts.names, row, strict=True))
             else:
                 entry["data"] = row.asDict(recursive=True)
             if self.enqueue:
-                if opts.id_column is not None:
-                    item_id = row[opts.id_column]
+                if self.id_at is not None:
+                    item_id = row[self.id_at]
                     if item_id is None:
                         raise RowError(f"the id column {opts.id_column!r} is null")
                     entry["id"] = str(item_id)
@@ -82,8 +90,8 @@ class RowEncoder:
 
     def _topic(self, row: Row) -> str:
         values = {}
-        for field in self.opts.topic_fields:
-            v = row[field]
+        for field, i in self.fields:
+            v = row[i]
             if v is None:
                 raise RowError(f"the topic template's column {field!r} is null")
             values[field] = v

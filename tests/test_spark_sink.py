@@ -178,3 +178,65 @@ async def test_bad_rows_and_options_fail_clearly(spark: Any) -> None:
     # the server is gone: the job fails once the retries run out, naming what failed
     with pytest.raises(Exception, match=r"not delivered within 0.5 s"):
         await blocking(spark, writer(df, url, topic="tape", retryFor="0.5").save)
+
+
+async def test_stream_enqueue_tracked_replay_enqueues_nothing_twice(
+    spark: Any, tmp_path: Path
+) -> None:
+    rubris = make_app()
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    for f in range(2):
+        (inbox / f"{f}.json").write_text(
+            "\n".join(json.dumps({"n": f * 100 + i}) for i in range(100))
+        )
+    checkpoint = tmp_path / "ck"
+
+    def run() -> None:
+        stream = spark.readStream.schema("n LONG").option("maxFilesPerTrigger", 1).json(str(inbox))
+        query = (
+            stream.writeStream.format("rubris")
+            .option("url", url)
+            .option("token", TOKEN)
+            .option("mode", "enqueue")
+            .option("topic", "jobs")
+            .option("track", "true")
+            .option("announce", "announce")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(60)
+        query.stop()
+
+    async with run_server(starlette_app(rubris)) as base:
+        url = base + "/rubris"
+        async with Client(url) as client:
+            announced: list[dict[str, Any]] = []
+            await client.subscribe("announce", lambda v, _i: announced.append(v))
+            await blocking(spark, run)
+            await until(lambda: len([a for a in announced if "rows" in a]) == 2, timeout=10)
+            sealed = [a for a in announced if "rows" in a]
+            assert [(a["state"], a["total"], a["rows"]) for a in sealed] == [
+                ("sealed", 100, 100),
+                ("sealed", 100, 100),
+            ]
+            query_batches = [a["batch"] for a in sealed]
+            assert query_batches[0].endswith("-0") and query_batches[1].endswith("-1")
+            # the driver died after the sink's commit of micro-batch 1 but before Spark
+            # recorded it: the restarted query writes micro-batch 1 again
+            (checkpoint / "commits" / "1").unlink()
+            (checkpoint / "commits" / ".1.crc").unlink(missing_ok=True)
+            await blocking(spark, run)
+            await until(lambda: len([a for a in announced if "rows" in a]) == 3, timeout=10)
+            replay = [a for a in announced if "rows" in a][-1]
+            assert replay["batch"] == query_batches[1]  # the same batch
+            assert (replay["total"], replay["rows"]) == (100, 100)  # and nothing added to it
+            stats = rubris.queue_stats("jobs")
+            assert (stats.enqueued, stats.duplicates) == (200, 100)
+            done: list[int] = []
+            await client.consume("jobs", lambda item: done.append(item.value["n"]), prefetch=500)
+            for batch in query_batches:
+                final = await client.watch_batch(batch, timeout=30)
+                assert (final["state"], final["done"]) == ("complete", 100)
+            assert sorted(done) == list(range(200))

@@ -350,9 +350,10 @@ class HttpApi:
             raise Refusal(exc.status, f"batch_item: {exc.reason}", index) from None
 
     async def check_authorised(
-        self, request: Request, names: Sequence[tuple[int | None, str]]
+        self, request: Request, names: Sequence[tuple[int | None, str]], verb: str = "publish to"
     ) -> None:
-        """Ask the hook once per topic ``name`` (403 naming the entry ``index`` at fault)."""
+        """Ask the hook once per topic ``name`` (403 naming the entry ``index`` at fault;
+        ``verb`` says what was refused)."""
         authorize = self._authorize
         if authorize is None:
             return
@@ -368,7 +369,7 @@ class HttpApi:
             except Reject as r:
                 raise Refusal(403, r.reason, index) from None
             if not allowed:
-                raise Refusal(403, f"not allowed to publish to {name!r}", index)
+                raise Refusal(403, f"not allowed to {verb} {name!r}", index)
 
     # answers
 

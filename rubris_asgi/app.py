@@ -41,6 +41,7 @@ from .protocol import Codec, Mode
 from .queues import QueueSettings, QueueStats, QueueTopic
 from .scheduler import CycleStats
 from .session import Session, SessionState
+from .topic_api import TopicApi
 from .transports.gateway import Authenticate, Gateway
 from .transports.longpoll import LongPollSession, LongPollTransport
 from .transports.websocket import WebSocketTransport
@@ -190,6 +191,7 @@ class Rubris:
                 Route("/client.js", self._client_js, methods=["GET", "HEAD"]),
                 Route("/client/{name:path}", self._client_module, methods=["GET", "HEAD"]),
                 *self.api.routes(),
+                *TopicApi(self.api).routes(),
                 *batch_routes,
             ]
         )

@@ -67,7 +67,7 @@ class BatchApi:
                 batch = new_batch_id()
             elif not isinstance(batch, str) or not BATCH_ID.match(batch):
                 raise Refusal(400, "batch must be 1 to 64 letters, digits, - or _")
-            await self.api.check_authorised(request, [(None, f"batch.{batch}")])
+            await self.api.check_authorised(request, [(None, f"batch.{batch}")], "use")
             opened = await self.batches.open(batch)
         except (Refusal, BatchError) as exc:
             return self._refused(exc)
@@ -128,7 +128,7 @@ class BatchApi:
                     raise Refusal(400, exc.reason, i) from None
             batches = {r.batch: i for i, r in reversed(list(enumerate(refs)))}
             await self.api.check_authorised(
-                request, [(i, f"batch.{b}") for b, i in batches.items()]
+                request, [(i, f"batch.{b}") for b, i in batches.items()], "use"
             )
             out = await (self.batches.fail(refs) if failed else self.batches.ack(refs))
         except BatchError as exc:
@@ -150,7 +150,7 @@ class BatchApi:
         batch: str = request.path_params["batch"]
         if not BATCH_ID.match(batch):
             raise Refusal(404, f"unknown batch {batch[:80]!r}")
-        await self.api.check_authorised(request, [(None, f"batch.{batch}")])
+        await self.api.check_authorised(request, [(None, f"batch.{batch}")], "use")
         return batch
 
     async def _object(self, request: Request, *, required: bool = True) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Channels:
     prices.{symbol}   snapshot: the latest quote of each of ~50 symbols
-    trades            ring of 128: every trade printed
+    trades            ring of 4096: every trade printed (the Spark pipeline reads it)
     book.{symbol}     snapshot: a 50-level order book (large JSON, sent deflated)
     fills             private: this session's own fills, lossless
     reprice           work queue: "reprice" jobs, worked by the page's tabs and by
@@ -11,6 +11,9 @@ Channels:
     reprice.results   ring of 64: what each worker computed (workers PUBLISH here)
     reprice.stats     snapshot: the queue's counters, once a second
     batch.{id}        snapshot: a batch's progress (rubris's own, for reprice_all's batches)
+    bars.{symbol}     ring of 256: OHLC/VWAP bars written by the Spark pipeline
+                      (``python -m example_app.pipeline``), drawn as candles
+    pipeline.batches  ring of 16: the pipeline's tracked batches, announced as they open and seal
 RPC: symbols, place_order, history (streamed), reprice_result (a tab's result, published on
 "reprice.results" for it: the browser client has no PUBLISH), reprice_all (one "reprice" job
 per symbol enqueued as one batch, sealed; returns {"batch", "total", "ahead"}: the page
@@ -65,8 +68,21 @@ async def prices(session: Session, symbol: str) -> dict[str, object]:
     return q.as_dict(q.history[-1][0] if q.history else 0)
 
 
-@rubris.shared("trades", ring=128)
+# a few minutes of trades: the Spark pipeline reads this ring and, stopped for less than that,
+# resumes from its checkpoint without losing any
+@rubris.shared("trades", ring=4096)
 async def trades(session: Session) -> None:
+    return None
+
+
+@rubris.shared("bars.{symbol}", ring=256)
+async def bars(session: Session, symbol: str) -> None:
+    if symbol not in SYMBOLS:
+        raise Reject(f"unknown symbol {symbol!r}")
+
+
+@rubris.shared("pipeline.batches", ring=16)
+async def pipeline_batches(session: Session) -> None:
     return None
 
 

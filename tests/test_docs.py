@@ -9,11 +9,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_example(name: str) -> str:
+def run_example(name: str, timeout: float = 60) -> str:
     """Run docs/examples/<name>.py as a reader would; its standard output."""
     path = ROOT / "docs" / "examples" / f"{name}.py"
     return subprocess.run(
-        [sys.executable, str(path)], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=timeout, check=True
     ).stdout
 
 
@@ -50,3 +50,12 @@ def test_batches_example_runs() -> None:
     final = "{'state': 'complete', 'total': 20, 'done': 19, 'failed': 1, 'completed': True}"
     assert f"final: {final}" in out
     assert "status: {'state': 'complete', 'total': 20, 'done': 19, 'failed': 1" in out
+
+
+def test_spark_example_runs() -> None:
+    out = run_example("spark", timeout=110)  # a SparkSession of its own: about 20 s alone
+    done = "{'state': 'complete', 'total': 20, 'done': 20, 'failed': 0, 'completed': True}"
+    assert f"worked 20 jobs; batch: {done}" in out
+    assert """read: [(1, '{"px":189.0,"qty":100}'), (2, '{"px":189.01,"qty":101}')]""" in out
+    assert "micro-batch 0: [(1, 189.0, 100), (2, 189.01, 101), (3, 189.02, 102)," in out
+    assert "micro-batch 1: [(6, 190.0, 7)]" in out

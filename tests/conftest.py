@@ -51,4 +51,6 @@ async def server() -> AsyncIterator[FakeServer]:
     ) as srv:
         fake.port = srv.sockets[0].getsockname()[1]
         yield fake
+
+
 from .sparkkit import spark  # noqa: F401, E402

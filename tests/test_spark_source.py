@@ -1,5 +1,6 @@
-"""The Spark source (spark/source.py): batch and streaming reads of shared topics over
-``GET {mount}/api/topics/{name}``, offsets in checkpoints, data loss, schemas, errors.
+"""The Spark source (spark/source.py, with source_options.py, pages.py and convert.py): batch
+and streaming reads of shared topics over ``GET {mount}/api/topics/{name}``, offsets in
+checkpoints, data loss, schemas, errors.
 
 A real rubris runs under uvicorn in the test's event loop; Spark's calls block, so they run in
 a thread (``asyncio.to_thread``) while the loop serves them. Publishing goes straight into the
@@ -25,13 +26,14 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from rubris_asgi import Codec, Config, Rubris, Session
-from rubris_asgi.spark import source
-from rubris_asgi.spark.source import (
-    DEFAULT_SCHEMA,
+from rubris_asgi.spark import convert, pages, source
+from rubris_asgi.spark.convert import DEFAULT_SCHEMA
+from rubris_asgi.spark.source import TopicRange
+from rubris_asgi.spark.source_options import (
+    DataLossError,
     RubrisSourceError,
     SourceOptionError,
     SourceOptions,
-    TopicRange,
 )
 
 from .server import run_server
@@ -432,16 +434,16 @@ async def test_a_range_read_pages_and_sees_an_epoch_change(
     def read(part: TopicRange, o: SourceOptions = opts) -> list[tuple[Any, ...]]:
         return list(source.read_range(o, DEFAULT_SCHEMA, part))
 
-    source_page = source.PAGE
-    source.PAGE = 5  # several pages for one range
+    page_size = pages.PAGE
+    pages.PAGE = 5  # several pages for one range
     try:
         rows = await asyncio.to_thread(read, TopicRange("trades.A", epoch, 2, epoch, 11))
     finally:
-        source.PAGE = source_page
+        pages.PAGE = page_size
     assert [r[2] for r in rows] == list(range(3, 12))
     # the range began in an epoch that is gone: its rest is lost
     old = TopicRange("trades.A", epoch + 1, 7, epoch, 12)
-    with pytest.raises(source.DataLossError) as failed:
+    with pytest.raises(DataLossError) as failed:
         await asyncio.to_thread(read, old)
     assert f"its epoch changed from {epoch + 1} to {epoch}" in str(failed.value)
     assert "what followed seq 7" in str(failed.value)
@@ -456,7 +458,7 @@ async def test_a_range_read_pages_and_sees_an_epoch_change(
     ]
     # planned in an epoch the server no longer has: nothing of it can be read
     gone = TopicRange("trades.A", epoch + 1, 0, epoch + 1, 5)
-    with pytest.raises(source.DataLossError, match="before the micro-batch was read"):
+    with pytest.raises(DataLossError, match="before the micro-batch was read"):
         await asyncio.to_thread(read, gone)
     assert await asyncio.to_thread(read, gone, lenient) == []
 
@@ -525,13 +527,13 @@ def test_values_convert_to_the_schema_types() -> None:
     )
 
     def conv(dt: Any) -> Callable[[Any], Any]:
-        return source.converter(dt)
+        return convert.converter(dt)
 
     assert conv(LongType())(3.0) == 3 and conv(LongType())(None) is None
     for bad in (2.5, "3", True, 2**63):
-        with pytest.raises(source._BadValue):
+        with pytest.raises(convert._BadValue):
             conv(LongType())(bad)
-    with pytest.raises(source._BadValue, match="out of range for int"):
+    with pytest.raises(convert._BadValue, match="out of range for int"):
         conv(IntegerType())(2**31)
     assert conv(StringType())({"a": [1]}) == '{"a":[1]}' and conv(StringType())(5) == "5"
     assert conv(DecimalType(10, 2))(1.25) == decimal.Decimal("1.25")
@@ -546,7 +548,7 @@ def test_values_convert_to_the_schema_types() -> None:
     assert conv(MapType(StringType(), LongType()))({"a": 1}) == {"a": 1}
     nested = StructType([StructField("x", LongType()), StructField("y", StringType())])
     assert conv(nested)({"x": 1.0}) == {"x": 1, "y": None}
-    with pytest.raises(source._BadValue, match="expected a list"):
+    with pytest.raises(convert._BadValue, match="expected a list"):
         conv(ArrayType(LongType()))({"a": 1})
 
 
@@ -558,20 +560,22 @@ def test_shares_are_fair() -> None:
 
 
 def test_rows_of_the_default_shape_and_of_payload_fields() -> None:
+    from pyspark.sql.types import LongType, StructField, StructType
+
     # the default columns written by the user are payload fields, not the default shape
-    same = source.StructType([source.StructField(f.name, f.dataType) for f in DEFAULT_SCHEMA])
-    row = source.row_maker(same, "json", "t")("t", 1, {"seq": 4, "data": {"data": "x"}})
+    same = StructType([StructField(f.name, f.dataType) for f in DEFAULT_SCHEMA])
+    row = convert.row_maker(same, "json", "t")("t", 1, {"seq": 4, "data": {"data": "x"}})
     assert row == ("t", 1, 4, "x")
-    assert source.row_maker(DEFAULT_SCHEMA, "json", "t")("t", 1, {"seq": 4, "data": [1]}) == (
+    assert convert.row_maker(DEFAULT_SCHEMA, "json", "t")("t", 1, {"seq": 4, "data": [1]}) == (
         "t",
         1,
         4,
         "[1]",
     )
-    schema = source.StructType([source.StructField("a", source.LongType())])
+    schema = StructType([StructField("a", LongType())])
     with pytest.raises(RubrisSourceError, match="topic 'log' is a text topic"):
-        source.row_maker(schema, "text", "log")
-    make = source.row_maker(schema, "json", "t")
+        convert.row_maker(schema, "text", "log")
+    make = convert.row_maker(schema, "json", "t")
     assert make("t", 1, {"seq": 4, "data": {"a": 2}}) == (2,)
     with pytest.raises(RubrisSourceError, match=r"seq 5 \(epoch 1\): the payload \[1\] is not"):
         make("t", 1, {"seq": 5, "data": [1]})

@@ -1,4 +1,5 @@
-"""The sink's options, read and checked once on the driver (``SinkOptions.parse``).
+"""The sink's options, read and checked once on the driver (``SinkOptions.parse``), and the
+checks both sides' options share (``lower_keys``, ``flag``, ``number``, ``OptionError``).
 
 Spark hands options over as strings under the names the user wrote; they are matched without
 regard to case, as Spark's own options are. Every mistake found here fails the query before a
@@ -7,6 +8,7 @@ task starts, naming the option and what it accepts.
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,30 +19,41 @@ MODES = ("publish", "enqueue")
 
 
 class OptionError(ValueError):
-    """An option the sink cannot work with."""
+    """An option the data source (its sink or its source) cannot work with."""
 
 
 def lower_keys(options: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in options.items()}
 
 
-def _flag(opts: dict[str, str], name: str) -> bool:
-    value = opts.get(name.lower(), "false").strip().lower()
+def flag(
+    opts: dict[str, str], name: str, default: bool, *, error: type[OptionError] = OptionError
+) -> bool:
+    """Option ``name`` (``opts`` as ``lower_keys`` made them) as true or false."""
+    value = opts.get(name.lower(), str(default)).strip().lower()
     if value not in ("true", "false"):
-        raise OptionError(f"option {name} is true or false, not {value!r}")
+        raise error(f"option {name} is true or false, not {value!r}")
     return value == "true"
 
 
-def _number(opts: dict[str, str], name: str, default: float, least: float) -> float:
+def number(
+    opts: dict[str, str],
+    name: str,
+    default: float,
+    least: float,
+    *,
+    error: type[OptionError] = OptionError,
+) -> float:
+    """Option ``name`` as a finite number of at least ``least``."""
     text = opts.get(name.lower())
     if text is None:
         return default
     try:
         value = float(text)
     except ValueError:
-        raise OptionError(f"option {name} is a number, not {text!r}") from None
-    if not value >= least:
-        raise OptionError(f"option {name} must be at least {least:g}, got {text!r}")
+        raise error(f"option {name} is a number, not {text!r}") from None
+    if not value >= least or math.isinf(value):
+        raise error(f"option {name} must be at least {least:g}, got {text!r}")
     return value
 
 
@@ -125,7 +138,7 @@ class SinkOptions:
             if mode != "enqueue":
                 raise OptionError("option idColumn is for mode enqueue (publish has no ids)")
             id_column = column(id_column.strip(), "option idColumn")
-        track = _flag(opts, "track")
+        track = flag(opts, "track", False)
         if track and mode != "enqueue":
             raise OptionError(
                 "option track needs mode enqueue: a batch completes when consumers ACK its items"
@@ -153,10 +166,10 @@ class SinkOptions:
             id_column=id_column,
             track=track,
             announce=announce,
-            batch_size=int(_number(opts, "batchSize", 1000, 1)),
-            batch_bytes=int(_number(opts, "batchBytes", 1 << 20, 1024)),
-            retry_for=_number(opts, "retryFor", 30.0, 0),
-            timeout=_number(opts, "timeout", 30.0, 0.1),
+            batch_size=int(number(opts, "batchSize", 1000, 1)),
+            batch_bytes=int(number(opts, "batchBytes", 1 << 20, 1024)),
+            retry_for=number(opts, "retryFor", 30.0, 0),
+            timeout=number(opts, "timeout", 30.0, 0.1),
             float_columns=floats,
             names=tuple(names),
             flat=not any(_holds_rows(f.dataType) for f in schema.fields),

@@ -22,463 +22,26 @@ never loss; its value is fetched with the offset that covers it (``latestOffset`
 driver) and travels in the partition, so a busy snapshot cannot move past the range before
 an executor reads it.
 
-docs/spark.md ("Reading from rubris") lists every option.
+The options and offsets are source_options.py's, the HTTP reads pages.py's, messages to rows
+convert.py's; docs/spark.md ("Reading from rubris") lists every option.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime
-import decimal
 import logging
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
-import httpx
-import orjson
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    ShortType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
+
+from .convert import DEFAULT_SCHEMA, RowMaker, infer_schema, row_maker
+from .options import flag, lower_keys
+from .pages import HEAD_ONLY, Page, TopicClient, page_limit
+from .source_options import DataLossError, Offset, Offsets, SourceOptionError, SourceOptions
 
 log = logging.getLogger("rubris_asgi.spark")
-
-Offset = dict[str, int]
-"""One topic's position: ``{"epoch": E, "seq": S}``, S the last seq read."""
-Offsets = dict[str, Offset]
-
-PAGE = 10_000
-"""Messages asked for in one request (the server's maximum; it also bounds an answer's bytes)."""
-HEAD_ONLY = (1 << 63) - 1
-"""An ``after`` past any head: the answer carries the numbers and no messages."""
-META = ("topic", "epoch", "seq")
-"""Columns a schema may name that come from the message's place, not its payload."""
-DEFAULT_SCHEMA = StructType(
-    [
-        StructField("topic", StringType()),
-        StructField("epoch", LongType()),
-        StructField("seq", LongType()),
-        # the mark tells this shape from a schema the user gave with the same columns, which
-        # would mean a payload field named data
-        StructField("data", StringType(), metadata={"rubris": "payload"}),
-    ]
-)
-"""Without a schema: ``data`` is the payload as JSON text (JSON topics), the text (text
-topics) or base64 (bytes topics)."""
-
-
-class SourceOptionError(ValueError):
-    """An option the source cannot work with."""
-
-
-class RubrisSourceError(RuntimeError):
-    """The server refused a read, could not be reached, or sent what the schema cannot take."""
-
-
-class DataLossError(RubrisSourceError):
-    """Messages between a query's offsets are no longer held (``failOnDataLoss=true``)."""
-
-
-# --------------------------------------------------------------------------- options
-
-
-@dataclass(frozen=True)
-class SourceOptions:
-    """What ``spark.read(Stream).format("rubris")`` was told, checked on the driver."""
-
-    url: str
-    token: str | None
-    topics: tuple[str, ...]
-    starting: str | Offsets
-    """``"latest"``, ``"earliest"`` or given offsets."""
-    fail_on_data_loss: bool
-    max_per_trigger: int | None
-    timeout: float
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        opts = _lower(options)
-        url = opts.get("url", "").strip()
-        if not url.startswith(("http://", "https://")):
-            raise SourceOptionError(
-                "option url is required: the rubris mount URL, like http://127.0.0.1:8000/rubris"
-            )
-        topic, listed = opts.get("topic"), opts.get("topics")
-        if (topic is None) == (listed is None):
-            raise SourceOptionError("give one of the options topic (a name) or topics (a list)")
-        names = [topic.strip()] if topic is not None else (listed or "").split(",")
-        topics = tuple(dict.fromkeys(n.strip() for n in names if n.strip()))
-        if not topics:
-            raise SourceOptionError("options topic/topics name no topic")
-        max_per_trigger = None
-        text = opts.get("maxmessagespertrigger")
-        if text is not None:
-            if not text.strip().isdigit() or int(text) < 1:
-                raise SourceOptionError(
-                    f"option maxMessagesPerTrigger is an integer of at least 1, not {text!r}"
-                )
-            max_per_trigger = int(text)
-        return cls(
-            url=url.rstrip("/"),
-            token=opts.get("token") or None,
-            topics=topics,
-            starting=_starting(opts.get("startingoffsets", "latest"), topics),
-            fail_on_data_loss=_flag(opts, "failOnDataLoss", True),
-            max_per_trigger=max_per_trigger,
-            timeout=_number(opts, "timeout", 30.0, 0.1),
-        )
-
-
-def _lower(options: Mapping[str, str]) -> dict[str, str]:
-    return {k.lower(): v for k, v in options.items()}
-
-
-def _flag(opts: dict[str, str], name: str, default: bool) -> bool:
-    value = opts.get(name.lower(), str(default)).strip().lower()
-    if value not in ("true", "false"):
-        raise SourceOptionError(f"option {name} is true or false, not {value!r}")
-    return value == "true"
-
-
-def _number(opts: dict[str, str], name: str, default: float, least: float) -> float:
-    text = opts.get(name.lower())
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise SourceOptionError(f"option {name} is a number, not {text!r}") from None
-    if not value >= least or math.isinf(value):
-        raise SourceOptionError(f"option {name} must be at least {least:g}, got {text!r}")
-    return value
-
-
-def _starting(text: str, topics: tuple[str, ...]) -> str | Offsets:
-    word = text.strip().lower()
-    if word in ("latest", "earliest"):
-        return word
-    why = (
-        'option startingOffsets is latest, earliest or JSON {"topic": {"epoch": E, "seq": S}} '
-        "naming every topic read"
-    )
-    try:
-        given = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        raise SourceOptionError(f"{why}, not {text[:200]!r}") from None
-    if not isinstance(given, dict) or set(given) != set(topics):
-        raise SourceOptionError(f"{why}; got {text[:200]}")
-    offsets: Offsets = {}
-    for name in topics:
-        offset = given[name]
-        if not isinstance(offset, dict) or set(offset) != {"epoch", "seq"}:
-            raise SourceOptionError(f"{why}; {name!r} has {offset!r}")
-        if not all(type(offset[k]) is int and offset[k] >= 0 for k in ("epoch", "seq")):
-            raise SourceOptionError(f"{why}; {name!r}: epoch and seq are integers from 0")
-        offsets[name] = {"epoch": offset["epoch"], "seq": offset["seq"]}
-    return offsets
-
-
-# --------------------------------------------------------------------------- HTTP
-
-
-@dataclass(frozen=True)
-class Page:
-    """One answer of ``GET {mount}/api/topics/{name}``."""
-
-    topic: str
-    mode: str
-    codec: str
-    epoch: int
-    head: int
-    oldest: int
-    messages: list[dict[str, Any]]
-
-    @property
-    def snapshot(self) -> bool:
-        return self.mode == "snapshot"
-
-    def first_unread(self) -> int:
-        """The seq before the oldest message held: where ``earliest`` starts (0 while the
-        topic is empty: its ``oldest`` is 1)."""
-        return self.oldest - 1
-
-
-class TopicClient:
-    """Reads topics over the HTTP API; every failure becomes a ``RubrisSourceError`` naming
-    the topic and the server's reason or the URL."""
-
-    def __init__(self, opts: SourceOptions) -> None:
-        self.url = opts.url
-        headers = {"Authorization": f"Bearer {opts.token}"} if opts.token else {}
-        # retries: connection attempts only (a refused or reset connect), never a request
-        self._http = httpx.Client(
-            base_url=opts.url + "/",
-            headers=headers,
-            timeout=opts.timeout,
-            transport=httpx.HTTPTransport(retries=2),
-        )
-
-    def page(self, topic: str, after: int, epoch: int | None = None, limit: int = PAGE) -> Page:
-        params: dict[str, int] = {"after": after, "limit": limit}
-        if epoch is not None:
-            params["epoch"] = epoch
-        path = "api/topics/" + quote(topic, safe="/")
-        try:
-            r = self._http.get(path, params=params)
-        except httpx.HTTPError as exc:
-            raise RubrisSourceError(
-                f"cannot reach rubris at {self.url} to read topic {topic!r}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
-        if r.status_code != 200:
-            try:
-                reason = orjson.loads(r.content)["error"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                reason = r.text[:200] or r.reason_phrase
-            hint = {
-                401: " (check the option token)",
-                404: " (is it a snapshot or ring topic, and is the HTTP API on?)",
-            }.get(r.status_code, "")
-            raise RubrisSourceError(
-                f"rubris at {self.url} refused to read topic {topic!r}: "
-                f"{r.status_code} {reason}{hint}"
-            )
-        try:
-            body = orjson.loads(r.content)
-            return Page(
-                topic,
-                body["mode"],
-                body["codec"],
-                body["epoch"],
-                body["head"],
-                body["oldest"],
-                body["messages"],
-            )
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            raise RubrisSourceError(
-                f"{self.url} answered a read of topic {topic!r} with something else than "
-                "rubris's answer: is the option url the rubris mount URL?"
-            ) from None
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> TopicClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-# --------------------------------------------------------------------------- rows
-
-
-class _BadValue(Exception):
-    """A payload value the schema cannot take (the row maker adds the topic and seq)."""
-
-
-Convert = Callable[[Any], Any]
-RowMaker = Callable[[str, int, dict[str, Any]], tuple[Any, ...]]
-"""(topic, epoch, message of a page) → one row."""
-
-
-def is_default(schema: StructType) -> bool:
-    """Rows of the default shape (the topic, the numbers and the payload as text): the schema
-    is ``DEFAULT_SCHEMA``, as Spark hands it back, never one the user wrote."""
-    return schema.fields == DEFAULT_SCHEMA.fields  # a field's equality includes its metadata
-
-
-def row_maker(schema: StructType, codec: str, topic: str) -> RowMaker:
-    """How ``topic``, of ``codec``, turns into rows of ``schema``."""
-    if is_default(schema):
-
-        def default_row(topic: str, epoch: int, m: dict[str, Any]) -> tuple[Any, ...]:
-            if codec == "json":
-                data = orjson.dumps(m["data"]).decode()
-            else:
-                data = m["data"] if codec == "text" else m["data_b64"]
-            return topic, epoch, m["seq"], data
-
-        return default_row
-    if codec != "json":
-        raise RubrisSourceError(
-            f"topic {topic!r} is a {codec} topic, and a schema of payload fields needs JSON "
-            "topics: read it without a schema (the payload is in the column data)"
-        )
-    columns: list[tuple[str, Convert | None]] = [
-        (f.name, None if f.name in META else converter(f.dataType)) for f in schema.fields
-    ]
-
-    def fields_row(topic: str, epoch: int, m: dict[str, Any]) -> tuple[Any, ...]:
-        seq = m["seq"]
-        value = m["data"]
-        if not isinstance(value, dict):
-            raise RubrisSourceError(
-                f"topic {topic!r} seq {seq} (epoch {epoch}): the payload {_describe(value)} "
-                "is not a JSON object, and a schema of payload fields needs objects"
-            )
-        row: list[Any] = []
-        for name, convert in columns:
-            if convert is None:
-                row.append(topic if name == "topic" else epoch if name == "epoch" else seq)
-                continue
-            try:
-                row.append(convert(value.get(name)))
-            except _BadValue as exc:
-                raise RubrisSourceError(
-                    f"topic {topic!r} seq {seq} (epoch {epoch}): column {name!r}: {exc}"
-                ) from None
-        return tuple(row)
-
-    return fields_row
-
-
-_INT_BITS: dict[type[DataType], int] = {LongType: 64, IntegerType: 32, ShortType: 16, ByteType: 8}
-
-
-def converter(dt: DataType) -> Convert:
-    """A JSON value to what Spark takes for ``dt`` (None stays None); raises ``_BadValue``."""
-    bits = _INT_BITS.get(type(dt))
-    if bits is not None:
-        low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-        return lambda v: _integer(v, low, high, dt.simpleString())
-    if isinstance(dt, (DoubleType, FloatType)):
-        return _real
-    if isinstance(dt, StringType):
-        # nested values keep their JSON text rather than failing
-        return lambda v: v if v is None or isinstance(v, str) else orjson.dumps(v).decode()
-    if isinstance(dt, BooleanType):
-        return lambda v: _typed(v, bool, "a boolean")
-    if isinstance(dt, DecimalType):
-        return _decimal
-    if isinstance(dt, TimestampType):
-        return _timestamp
-    if isinstance(dt, TimestampNTZType):
-        return _timestamp_ntz
-    if isinstance(dt, DateType):
-        return _date
-    if isinstance(dt, BinaryType):
-        return _binary
-    if isinstance(dt, ArrayType):
-        item = converter(dt.elementType)
-        return lambda v: None if v is None else [item(x) for x in _typed(v, list, "a list")]
-    if isinstance(dt, MapType):
-        value_of = converter(dt.valueType)
-        return lambda v: (
-            None if v is None else {k: value_of(x) for k, x in _typed(v, dict, "an object").items()}
-        )
-    if isinstance(dt, StructType):
-        inner = [(f.name, converter(f.dataType)) for f in dt.fields]
-        return lambda v: (
-            None
-            if v is None
-            else {name: c(_typed(v, dict, "an object").get(name)) for name, c in inner}
-        )
-    return lambda v: v  # anything else as JSON gave it: Spark's own conversion decides
-
-
-def _describe(v: Any) -> str:
-    text = orjson.dumps(v).decode() if not isinstance(v, float) else repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _typed(v: Any, kind: type, what: str) -> Any:
-    if v is None or (type(v) is kind):
-        return v
-    raise _BadValue(f"expected {what}, got {_describe(v)}")
-
-
-def _integer(v: Any, low: int, high: int, name: str) -> int | None:
-    if v is None:
-        return None
-    if type(v) is float and v.is_integer():
-        v = int(v)  # JSON writers give 3.0 for 3: the value is integral, the column takes it
-    if type(v) is not int:
-        raise _BadValue(f"expected an integer for {name}, got {_describe(v)}")
-    if not low <= v <= high:
-        raise _BadValue(f"{v} is out of range for {name}")
-    return int(v)
-
-
-def _real(v: Any) -> float | None:
-    if v is None:
-        return None
-    if type(v) not in (int, float):
-        raise _BadValue(f"expected a number, got {_describe(v)}")
-    return float(v)
-
-
-def _decimal(v: Any) -> decimal.Decimal | None:
-    if v is None:
-        return None
-    if type(v) not in (int, float, str):
-        raise _BadValue(f"expected a number, got {_describe(v)}")
-    try:
-        return decimal.Decimal(str(v))
-    except decimal.InvalidOperation:
-        raise _BadValue(f"expected a decimal, got {_describe(v)}") from None
-
-
-def _timestamp(v: Any) -> datetime.datetime | None:
-    """Seconds since the epoch, or ISO 8601 (UTC when it names no zone)."""
-    if v is None:
-        return None
-    if type(v) in (int, float):
-        try:
-            return datetime.datetime.fromtimestamp(v, datetime.timezone.utc)
-        except (OverflowError, OSError, ValueError):
-            raise _BadValue(f"{_describe(v)} seconds since the epoch is out of range") from None
-    if isinstance(v, str):
-        try:
-            t = datetime.datetime.fromisoformat(v)
-        except ValueError:
-            raise _BadValue(f"expected an ISO 8601 time, got {_describe(v)}") from None
-        return t if t.tzinfo is not None else t.replace(tzinfo=datetime.timezone.utc)
-    raise _BadValue(f"expected seconds since the epoch or an ISO 8601 time, got {_describe(v)}")
-
-
-def _timestamp_ntz(v: Any) -> datetime.datetime | None:
-    """As ``_timestamp``, in UTC without its zone."""
-    t = _timestamp(v)
-    return None if t is None else t.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-
-
-def _date(v: Any) -> datetime.date | None:
-    if v is None:
-        return None
-    try:
-        return datetime.date.fromisoformat(_typed(v, str, "an ISO 8601 date"))
-    except ValueError:
-        raise _BadValue(f"expected an ISO 8601 date, got {_describe(v)}") from None
-
-
-def _binary(v: Any) -> bytes | None:
-    if v is None:
-        return None
-    try:
-        return base64.b64decode(_typed(v, str, "base64"), validate=True)
-    except ValueError:
-        raise _BadValue(f"expected base64, got {_describe(v)}") from None
 
 
 # --------------------------------------------------------------------------- schema
@@ -487,9 +50,9 @@ def _binary(v: Any) -> bytes | None:
 def source_schema(options: Mapping[str, str]) -> StructType | str:
     """The schema without ``.schema(...)``: option ``schema`` (DDL), one inferred from what
     the topics hold now (``inferSchema=true``), or ``DEFAULT_SCHEMA``."""
-    opts = _lower(options)
+    opts = lower_keys(options)
     ddl = opts.get("schema")
-    infer = _flag(opts, "inferSchema", False)
+    infer = flag(opts, "inferSchema", False, error=SourceOptionError)
     if ddl is not None and infer:
         raise SourceOptionError("options schema and inferSchema exclude each other")
     if ddl is not None:
@@ -497,56 +60,6 @@ def source_schema(options: Mapping[str, str]) -> StructType | str:
     if infer:
         return infer_schema(SourceOptions.parse(options))
     return DEFAULT_SCHEMA
-
-
-_INFERRED: dict[type, DataType] = {
-    bool: BooleanType(),
-    int: LongType(),
-    float: DoubleType(),
-    str: StringType(),
-}
-
-
-def infer_schema(opts: SourceOptions) -> StructType:
-    """``topic``, ``epoch``, ``seq``, then the fields of the JSON objects the topics hold now,
-    in the order first seen: LONG, DOUBLE (also for a field seen as both an integer and a
-    float), BOOLEAN or STRING (anything else: mixed types, lists, objects, only nulls)."""
-    seen: dict[str, DataType | None] = {}
-    found = 0
-    with TopicClient(opts) as http:
-        for topic in opts.topics:
-            page = http.page(topic, after=0)
-            if page.codec != "json":
-                raise SourceOptionError(
-                    f"inferSchema reads JSON objects, and {topic!r} is a {page.codec} topic"
-                )
-            for m in page.messages:
-                value = m["data"]
-                if not isinstance(value, dict):
-                    continue
-                found += 1
-                for name, v in value.items():
-                    if name in META:
-                        continue  # the message's own columns win over a payload field
-                    kind = None if v is None else _INFERRED.get(type(v), StringType())
-                    seen[name] = _merge(seen.get(name), kind) if name in seen else kind
-    if not found:
-        raise SourceOptionError(
-            f"inferSchema found no JSON object in {', '.join(map(repr, opts.topics))}: "
-            "publish some first, or give a schema"
-        )
-    fields = [StructField(n, t if t is not None else StringType()) for n, t in seen.items()]
-    return StructType(list(DEFAULT_SCHEMA.fields[:3]) + fields)
-
-
-def _merge(a: DataType | None, b: DataType | None) -> DataType | None:
-    if a is None or b is None:
-        return a or b
-    if a == b:
-        return a
-    if {type(a), type(b)} == {LongType, DoubleType}:
-        return DoubleType()
-    return StringType()
 
 
 # --------------------------------------------------------------------------- partitions
@@ -590,7 +103,7 @@ def read_range(
         return
     epoch, after = part.start_epoch, part.start_seq
     with TopicClient(opts) as http:
-        page = http.page(topic, after, epoch, _page_limit(after, end))
+        page = http.page(topic, after, epoch, page_limit(after, end))
         if page.epoch != epoch:
             # the server counted ``after`` as 0: this page starts the new numbering
             if page.epoch != part.end_epoch:  # and it is not the one this range was planned in
@@ -609,15 +122,11 @@ def read_range(
             if not wanted or len(wanted) < len(page.messages) or wanted[-1]["seq"] >= end:
                 return  # the range's end, or nothing more held
             after = wanted[-1]["seq"]
-            page = http.page(topic, after, epoch, _page_limit(after, end))
+            page = http.page(topic, after, epoch, page_limit(after, end))
             if page.epoch != epoch:
                 if not page.snapshot:
                     lost(opts, _restarted(topic, epoch, page.epoch, end, after))
                 return
-
-
-def _page_limit(after: int, end: int) -> int:
-    return max(1, min(PAGE, end - after))
 
 
 def check_loss(opts: SourceOptions, topic: str, start: Offset, end: Offset, page: Page) -> None:
@@ -719,7 +228,7 @@ def _held(topic: str, start: Offset, end: Offset, page: Page) -> TopicRange:
 
 
 def batch_reader(options: Mapping[str, str], schema: StructType) -> DataSourceReader:
-    if "startingoffsets" not in _lower(options):
+    if "startingoffsets" not in lower_keys(options):
         options = {**options, "startingOffsets": "earliest"}  # a batch read's natural start
     return RubrisBatchReader(SourceOptions.parse(options), schema)
 

@@ -116,12 +116,19 @@ async def lp_collect(
     raise AssertionError("message not received in time")
 
 
-async def until(cond: Callable[[], Any], timeout: float = 5.0, step: float = 0.01) -> None:
+async def until(
+    cond: Callable[[], Any],
+    timeout: float = 5.0,
+    step: float = 0.01,
+    what: Callable[[], Any] | None = None,
+) -> None:
+    """Wait for ``cond()``; on timeout, fail with ``what()`` (the state that was awaited)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not cond():
         if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
+            state = f": {what()}" if what is not None else ""
+            raise AssertionError(f"condition not reached in time{state}")
         await asyncio.sleep(step)
 
 

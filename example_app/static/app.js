@@ -6,7 +6,9 @@
 // `place_order` and the streamed `history`. The tab also works jobs of the queue topic `reprice`
 // (consume()), competing with other tabs and Python workers; it shows the ring `reprice.results`
 // and the snapshot `reprice.stats`. The RPC `reprice_all` enqueues a job per symbol as one batch,
-// whose progress the tab follows on `batch.{id}` (watchBatch()).
+// whose progress the tab follows on `batch.{id}` (watchBatch()). The Spark pipeline
+// (`python -m example_app.pipeline`) writes OHLC bars to the ring bars.{symbol}, drawn as candles
+// of the selected symbol, and announces its catalog batches on the ring `pipeline.batches`.
 //
 // Messages update plain state; the DOM is painted at most once per animation frame, so a burst
 // of hundreds of prices per second costs one layout per frame, not one per message.
@@ -77,6 +79,7 @@ const dirtyQuotes = new Map(); // symbol → latest quote not yet painted
 let pendingTrades = []; // newest last; never more than a tape's worth
 let pendingBook = null;
 let chartDirty = false;
+let barsDirty = false;
 let frameRequested = false;
 
 function schedulePaint() {
@@ -91,6 +94,7 @@ function paint() {
   paintTrades();
   paintBook();
   if (chartDirty) paintChart();
+  if (barsDirty) paintBars();
 }
 
 // ---- watchlist ----------------------------------------------------------------------------
@@ -300,6 +304,7 @@ function selectSymbol(symbol) {
   });
   bookSub = sub;
   loadHistory(symbol);
+  followBars(symbol);
 }
 
 // ---- price chart (streamed history, then live) -------------------------------------------
@@ -722,6 +727,400 @@ function startWorkQueue() {
   else paintBatch();
 }
 
+// ---- spark pipeline: candles of bars.{symbol} ----------------------------------------------
+//
+// The Spark job writes a bar per symbol and window to the ring bars.{symbol} in update mode: the
+// bar of a window still open is written again, with newer values, every micro-batch that has its
+// trades. The page follows the selected symbol's topic (one subscription at a time, like the
+// book), keeps its bars keyed by window start (the latest write wins) and draws the newest
+// CANDLES of them by hand as SVG: wicks high–low, bodies open–close, VWAP dots, a price axis and
+// the last close. A ring subscription starts at the next message, so a symbol just selected has
+// no bars until the job writes one.
+
+const CANDLES = 40; // drawn at most
+const MIN_SLOTS = 20; // fewer bars are drawn wider, the newest at the right edge
+const BARS_KEPT = 120; // per symbol, late windows included
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+const pipelinePanel = $("pipeline");
+const candlesBox = $("candles-box");
+const candlesSvg = $("candles");
+const layer = (name) => candlesSvg.querySelector(`g.${name}`);
+const bars = {
+  symbol: null,
+  byStart: new Map(), // window start (ms) → latest bar written for it
+  sub: null,
+  updates: 0,
+  lastAt: 0, // Date.now() of the last bar received
+  windowMs: 0,
+  everSeen: false, // bars of any symbol arrived in this tab: the pipeline runs
+  latencyMs: null, // from the newest trade of the last bar received to its arrival here
+};
+
+const svg = (tag, attrs, text) => {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  if (text !== undefined) node.textContent = text;
+  return node;
+};
+const fmtClock = (ms) => new Date(ms).toLocaleTimeString("en-GB");
+const fmtWindow = (ms) => (ms % 60_000 === 0 ? `${ms / 60_000} min` : `${+(ms / 1000).toFixed(3)} s`);
+const compactFmt = new Intl.NumberFormat("en-US", { notation: "compact", maximumFractionDigits: 1 });
+
+function followBars(symbol) {
+  bars.sub?.unsubscribe();
+  Object.assign(bars, { symbol, byStart: new Map(), updates: 0, lastAt: 0, latencyMs: null });
+  pipelinePanel.dataset.symbol = symbol;
+  $("bars-symbol").textContent = symbol;
+  const sub = client.subscribe(`bars.${symbol}`, (bar) => {
+    if (sub === bars.sub) onBar(bar); // else a late message of the previous symbol
+  }, {
+    onError: (err) => notice(`Bars of ${symbol} unavailable: ${err.reason || err.code}`, "warn"),
+  });
+  bars.sub = sub;
+  paintBarsLive();
+  barsDirty = true;
+  schedulePaint();
+}
+
+function onBar(b) {
+  if (!b || typeof b !== "object" || b.symbol !== bars.symbol) return;
+  if (![b.start, b.end, b.open, b.high, b.low, b.close].every(isNum)) return;
+  bars.byStart.set(b.start, b);
+  if (bars.byStart.size > BARS_KEPT) bars.byStart.delete(Math.min(...bars.byStart.keys()));
+  bars.updates++;
+  bars.lastAt = Date.now();
+  bars.windowMs = b.end - b.start;
+  bars.everSeen = true;
+  // the same clock only when page and pipeline run on one machine, as in the demo
+  if (isNum(b.last_ts)) bars.latencyMs = Math.max(0, bars.lastAt - b.last_ts);
+  paintBarsLive();
+  barsDirty = true;
+  schedulePaint();
+}
+
+/** live: bars arrive; idle: none for a while; waiting: none yet for this symbol. */
+function paintBarsLive() {
+  const quiet = Math.max(15_000, 3 * bars.windowMs);
+  const state = !bars.lastAt ? "waiting" : Date.now() - bars.lastAt < quiet ? "live" : "idle";
+  if (pipelinePanel.dataset.live === state) return;
+  pipelinePanel.dataset.live = state;
+  $("bars-live-text").textContent = state;
+}
+setInterval(paintBarsLive, 1000);
+
+/** A round step near `raw` (1, 2, 2.5 or 5 times a power of ten) and the decimals it needs. */
+function niceStep(raw) {
+  const p = 10 ** Math.floor(Math.log10(raw));
+  const m = raw / p;
+  const step = (m < 1.5 ? 1 : m < 2.25 ? 2 : m < 3.5 ? 2.5 : m < 7.5 ? 5 : 10) * p;
+  let decimals = 2;
+  while (decimals < 6 && Math.abs(Number(step.toFixed(decimals)) - step) > step * 1e-6) decimals++;
+  return { step, decimals };
+}
+
+new ResizeObserver(() => {
+  barsDirty = true;
+  schedulePaint();
+}).observe(candlesBox);
+
+function paintEmptyBars() {
+  const hint = $("bars-empty");
+  if (bars.everSeen && bars.symbol) {
+    hint.replaceChildren(el("span", "", `No bars of ${bars.symbol} yet: the pipeline writes one when it trades next.`));
+  }
+  for (const name of ["grid", "bodies", "vwap", "last", "axis"]) layer(name).replaceChildren();
+  $("candles-legend").replaceChildren();
+  candlesSvg.setAttribute("aria-label", `Candlestick chart of ${bars.symbol ?? "the selected symbol"}: no bars yet`);
+  $("bars-meta").textContent = bars.symbol ? `bars.${bars.symbol}` : "bars.{symbol}";
+}
+
+function paintBars() {
+  barsDirty = false;
+  const list = [...bars.byStart.values()].sort((a, b) => a.start - b.start).slice(-CANDLES);
+  pipelinePanel.dataset.bars = String(list.length);
+  pipelinePanel.dataset.updates = String(bars.updates);
+  $("pl-bars").textContent = fmtQty(bars.byStart.size);
+  $("pl-updates").textContent = fmtQty(bars.updates);
+  const lat = bars.latencyMs;
+  $("pl-latency").textContent = lat === null ? "—" : lat < 1000 ? `${Math.round(lat)} ms` : fmtSeconds(lat);
+  if (!list.length) {
+    paintEmptyBars();
+    return;
+  }
+  const newest = list[list.length - 1];
+  const first = list[0];
+  const change = newest.close - first.open;
+  paintLegend(newest, change);
+
+  const W = Math.max(120, candlesBox.clientWidth);
+  const H = Math.max(80, candlesBox.clientHeight);
+  candlesSvg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  const axisW = 62;
+  const top = $("candles-legend").offsetHeight + 12;
+  const bottom = H - 16;
+  const left = 6;
+  const right = W - axisW;
+
+  // the price scale: every high, low and VWAP shown, with some air above and below
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const b of list) {
+    lo = Math.min(lo, b.low, isNum(b.vwap) ? b.vwap : b.low);
+    hi = Math.max(hi, b.high, isNum(b.vwap) ? b.vwap : b.high);
+  }
+  const minSpan = Math.max(Math.abs(hi) * 2e-4, 0.02);
+  if (hi - lo < minSpan) {
+    const mid = (hi + lo) / 2;
+    lo = mid - minSpan / 2;
+    hi = mid + minSpan / 2;
+  }
+  const pad = (hi - lo) * 0.06;
+  lo -= pad;
+  hi += pad;
+  const y = (p) => top + ((hi - p) / (hi - lo)) * (bottom - top);
+  const slot = (right - left) / Math.max(MIN_SLOTS, list.length);
+  const x = (i) => right - (list.length - i - 0.5) * slot; // the newest at the right edge
+  const crisp = (v) => Math.round(v) + 0.5;
+
+  // grid and price labels
+  const grid = [];
+  const axis = [svg("line", { class: "axis-line", x1: crisp(right), x2: crisp(right), y1: top - 6, y2: bottom })];
+  const lastY = y(newest.close);
+  const { step, decimals } = niceStep((hi - lo) / Math.max(2, Math.floor((bottom - top) / 30)));
+  const tickFmt = new Intl.NumberFormat("en-US", { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
+  for (let p = Math.ceil(lo / step) * step; p <= hi; p += step) {
+    const py = crisp(y(p));
+    grid.push(svg("line", { x1: left, x2: right, y1: py, y2: py }));
+    if (Math.abs(py - lastY) > 14) axis.push(svg("text", { x: right + 6, y: py + 3.5 }, tickFmt.format(p)));
+  }
+
+  // time labels under candles, anchored to window starts so they do not slide along
+  const perLabel = Math.max(1, Math.ceil(64 / slot));
+  const win = bars.windowMs || 1000;
+  let lastLabelX = -Infinity;
+  list.forEach((b, i) => {
+    if (Math.round(b.start / win) % perLabel !== 0) return;
+    const cx = x(i);
+    if (cx - lastLabelX < 58 || cx < left + 24 || cx > right - 24) return;
+    lastLabelX = cx;
+    axis.push(svg("text", { x: cx, y: H - 4, "text-anchor": "middle" }, fmtClock(b.start)));
+    grid.push(svg("line", { x1: crisp(cx), x2: crisp(cx), y1: top - 6, y2: bottom, class: "vgrid" }));
+  });
+
+  // candles and VWAP dots
+  const bodyW = Math.max(1, Math.round(slot * 0.62));
+  const dotR = Math.min(2.4, Math.max(1.3, slot * 0.13));
+  const candles = [];
+  const dots = [];
+  list.forEach((b, i) => {
+    const up = b.close >= b.open;
+    const cx = x(i);
+    const g = svg("g", {
+      class: `candle ${up ? "up" : "down"}${b === newest ? " newest" : ""}`,
+      "data-symbol": b.symbol, "data-start": b.start,
+      "data-open": b.open, "data-high": b.high, "data-low": b.low, "data-close": b.close,
+    });
+    const yOpen = y(b.open);
+    const yClose = y(b.close);
+    const bodyTop = Math.round(Math.min(yOpen, yClose));
+    const bodyH = Math.max(1, Math.round(Math.abs(yOpen - yClose)));
+    g.append(
+      svg("line", { class: "wick", x1: crisp(cx), x2: crisp(cx), y1: y(b.high), y2: y(b.low) }),
+      svg("rect", { class: "candle-body", x: Math.round(cx - bodyW / 2), y: bodyTop, width: bodyW, height: bodyH }),
+    );
+    const title = `${fmtClock(b.start)} · O ${fmtPrice(b.open)} H ${fmtPrice(b.high)} L ${fmtPrice(b.low)}`
+      + ` C ${fmtPrice(b.close)} · VWAP ${fmtPrice(b.vwap)} · ${fmtQty(b.volume)} in ${fmtQty(b.trades)} trades`;
+    g.append(svg("title", {}, title));
+    candles.push(g);
+    if (isNum(b.vwap)) dots.push(svg("circle", { class: "vwap-dot", cx: cx.toFixed(1), cy: y(b.vwap).toFixed(1), r: dotR }));
+  });
+
+  // the last close: a dashed line across and its price on the axis
+  const lastUp = newest.close >= newest.open;
+  const ly = crisp(lastY);
+  const last = layer("last");
+  last.setAttribute("class", `last ${lastUp ? "up" : "down"}`);
+  last.replaceChildren(
+    svg("line", { class: "last-line", x1: left, x2: right, y1: ly, y2: ly }),
+    svg("rect", { class: "last-tag", x: right + 1, y: ly - 8, width: axisW - 3, height: 16, rx: 2 }),
+    svg("text", { class: "last-text", x: right + 6, y: ly + 3.5 }, fmtPrice(newest.close)),
+  );
+
+  layer("grid").replaceChildren(...grid);
+  layer("axis").replaceChildren(...axis);
+  layer("bodies").replaceChildren(...candles);
+  layer("vwap").replaceChildren(...dots);
+
+  const span = `${list.length} ${fmtWindow(newest.end - newest.start)} bar${list.length === 1 ? "" : "s"}`;
+  $("bars-meta").textContent = `${fmtWindow(newest.end - newest.start)} bars · ${fmtClock(newest.start)}`;
+  $("bars-meta").title = `Newest bar: ${fmtClock(newest.start)} – ${fmtClock(newest.end)}, `
+    + `${fmtQty(bars.updates)} bar updates received`;
+  candlesSvg.setAttribute("aria-label", `Candlestick chart of ${bars.symbol}, last ${span}: newest at `
+    + `${fmtClock(newest.start)}, open ${fmtPrice(newest.open)}, high ${fmtPrice(newest.high)}, `
+    + `low ${fmtPrice(newest.low)}, close ${fmtPrice(newest.close)}, VWAP ${fmtPrice(newest.vwap)}`);
+}
+
+function paintLegend(b, change) {
+  const cls = b.close >= b.open ? "up" : "down";
+  const item = (k, v, vcls = "", kcls = "") => {
+    const span = el("span", "");
+    span.append(el("span", `k ${kcls}`, k), el("span", `v ${vcls}`, v));
+    return span;
+  };
+  const pct = (change / b.open) * 100;
+  $("candles-legend").replaceChildren(
+    item("O", fmtPrice(b.open), cls),
+    item("H", fmtPrice(b.high), cls),
+    item("L", fmtPrice(b.low), cls),
+    item("C", `${fmtPrice(b.close)}`, cls),
+    item("Δ", isNum(pct) ? fmtSigned(pct, "%") : "—", signClass(change)),
+    item("VWAP", fmtPrice(b.vwap), "", "vwap-key"),
+    item("Vol", isNum(b.volume) ? compactFmt.format(b.volume) : "—"),
+  );
+}
+
+// ---- spark pipeline: catalog batches ------------------------------------------------------
+//
+// The catalog job (spark.read of the prices, a reprice job per symbol and book written with
+// mode=enqueue, track=true) announces its batch on the ring `pipeline.batches`: {batch, state:
+// "open"} when it opens, then {batch, state, total, done, failed, completed, rows} once the
+// driver sealed it. A batch this tab has not shown yet is followed with watchBatch() until it is
+// complete: its bar fills as whoever works the queue ACKs the jobs. The newest three are shown.
+
+const PIPELINE_BATCHES = 3;
+const STATE_RANK = { open: 0, sealed: 1, complete: 2, expired: 2, error: 2 };
+const plList = $("pl-batches");
+const plBatches = new Map(); // batch id → shown batch, oldest first
+const plSeen = new Set(); // ids shown at some point (a dropped batch's later news is old news)
+
+function srAnnounce(text) {
+  $("pl-announce").textContent = text;
+}
+
+/** Merge a state (an announcement's or the watch's): counts and states only move forward. */
+function mergeBatch(b, s) {
+  if (!s || typeof s !== "object") return;
+  if (typeof s.state === "string" && (STATE_RANK[s.state] ?? -1) >= (STATE_RANK[b.state] ?? -1)) {
+    b.state = s.state;
+  }
+  for (const k of ["total", "done", "failed"]) if (isNum(s[k]) && s[k] >= (b[k] ?? 0)) b[k] = s[k];
+  if (isNum(s.rows)) b.rows = s.rows;
+}
+
+function onPipelineBatch(a) {
+  if (!a || typeof a !== "object" || typeof a.batch !== "string" || !a.batch) return;
+  let b = plBatches.get(a.batch);
+  if (!b) {
+    if (plSeen.has(a.batch)) return;
+    b = showPipelineBatch(a.batch);
+  }
+  const before = b.state;
+  mergeBatch(b, a);
+  if (b.state === "complete" && before !== "complete") b.ended ??= Date.now();
+  paintPipelineBatch(b);
+}
+
+function showPipelineBatch(id) {
+  const short = id.length > 10 ? `${id.slice(0, 8)}…` : id;
+  const li = el("li", "pl-batch");
+  li.dataset.batch = id;
+  const name = el("span", "pl-batch-name", `catalog batch ${short}`);
+  name.title = `Batch ${id}: the reprice jobs the Spark catalog job enqueued`;
+  const chip = el("span", "pl-batch-state");
+  const top = el("div", "pl-batch-top");
+  top.append(name, chip);
+  const bar = el("div", "batch-bar");
+  bar.setAttribute("role", "progressbar");
+  bar.setAttribute("aria-label", `Catalog batch ${short}`);
+  bar.setAttribute("aria-valuemin", "0");
+  const doneBar = el("span", "batch-bar-done");
+  const failedBar = el("span", "batch-bar-failed");
+  bar.append(doneBar, failedBar);
+  const text = el("span", "batch-text");
+  const progress = el("div", "pl-batch-progress");
+  progress.append(bar, text);
+  li.append(top, progress);
+  const b = {
+    id, short, li, text, chip, bar, doneBar, failedBar, state: "open", total: 0, done: 0, failed: 0,
+    seenAt: Date.now(), ended: null, dropped: false,
+  };
+  plBatches.set(id, b);
+  plSeen.add(id);
+  if (plSeen.size > 256) plSeen.delete(plSeen.values().next().value);
+  plList.prepend(li);
+  while (plBatches.size > PIPELINE_BATCHES) {
+    const [oldId, old] = plBatches.entries().next().value;
+    old.dropped = true; // its watch ends by itself (complete or expired); nothing is shown of it
+    old.li.remove();
+    plBatches.delete(oldId);
+  }
+  srAnnounce(`Catalog batch ${short} opened by the Spark pipeline`);
+  client.watchBatch(id, (s) => {
+    if (b.dropped) return;
+    mergeBatch(b, s);
+    paintPipelineBatch(b);
+  }).then((final) => {
+    if (b.dropped) return;
+    mergeBatch(b, final);
+    b.ended ??= Date.now();
+    paintPipelineBatch(b);
+    srAnnounce(`Catalog batch ${short} ${b.state}: ${b.done} of ${b.total} jobs done, ${b.failed} failed`);
+  }, (err) => {
+    if (b.dropped || STATE_RANK[b.state] === 2) return;
+    b.state = "error";
+    b.message = err.code === ErrorCode.UNKNOWN ? "unknown to the server (expired or restarted?)" : err.message;
+    paintPipelineBatch(b);
+  });
+  return b;
+}
+
+/** The batch's counts, e.g. "142/200 done, 0 failed". */
+function pipelineBatchText(b) {
+  if (b.state === "error") return b.message;
+  if (b.state === "open" && !b.total) return "enqueueing jobs…";
+  return `${fmtQty(b.done)}/${fmtQty(b.total)} done, ${fmtQty(b.failed)} failed`;
+}
+
+/** The state chip: enqueueing (open), running (sealed), complete in …, expired, error. */
+function pipelineBatchState(b) {
+  switch (b.state) {
+    case "open":
+      return "enqueueing";
+    case "sealed":
+      return "running";
+    case "complete":
+      // how long since this tab saw it announced (a tab opened later saw less of it)
+      return b.ended && b.ended - b.seenAt >= 100 ? `complete · ${fmtSeconds(b.ended - b.seenAt)}` : "complete";
+    default:
+      return b.state;
+  }
+}
+
+function paintPipelineBatch(b) {
+  if (b.dropped) return;
+  const total = b.total || 0;
+  const share = (n) => (total ? `${Math.min(100, (100 * (n || 0)) / total).toFixed(2)}%` : "0%");
+  b.doneBar.style.width = share(b.done);
+  b.failedBar.style.width = share(b.failed);
+  Object.assign(b.li.dataset, {
+    state: b.state, total: String(total), done: String(b.done), failed: String(b.failed),
+  });
+  if (isNum(b.rows)) b.li.dataset.rows = String(b.rows);
+  const text = pipelineBatchText(b);
+  const state = pipelineBatchState(b);
+  b.text.textContent = text;
+  b.chip.textContent = state;
+  b.bar.setAttribute("aria-valuemax", String(total));
+  b.bar.setAttribute("aria-valuenow", String(b.done + b.failed));
+  b.bar.setAttribute("aria-valuetext", `catalog batch ${b.short}: ${text} (${state})`);
+  if (isNum(b.rows)) b.text.title = `${fmtQty(b.rows)} rows written by the catalog job`;
+}
+
+function startPipeline() {
+  client.subscribe("pipeline.batches", onPipelineBatch);
+}
+
 // ---- status bar ---------------------------------------------------------------------------
 
 let gapsSeen = 0;
@@ -833,6 +1232,7 @@ async function start() {
 }
 
 startWorkQueue();
+startPipeline();
 start().catch((err) => {
   $("watch-count").textContent = `cannot load instruments: ${err.message}`;
   console.error(err);

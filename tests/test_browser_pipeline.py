@@ -1,0 +1,506 @@
+"""The demo's Spark pipeline panel in headless Chromium: Spark → rubris → the page.
+
+The end-to-end test: the demo runs as a subprocess (test_browser.py's ``DemoServer``), the bars
+query of ``example_app.pipeline`` runs on the session's SparkSession (tests/sparkkit.py) against
+it with 1-second windows, and the catalog job enqueues its 200 reprice jobs as one tracked
+batch, which a ``python -m example_app.worker`` works. The page must draw the selected symbol's
+bars as candles (latest write of a window wins), follow the catalog batch announced on
+``pipeline.batches`` to "complete" with watchBatch(), follow a change of symbol, and log no
+error. Spark calls run in this (the test's) thread: the test is synchronous.
+
+Trades are sparse in the demo (~15/s over 50 symbols), so a thread prints a few a second of the
+followed symbol through ``POST /rubris/api/publish``: each 1-second window gets its trades.
+
+A second, fast test drives the panel without Spark: bars and batch announcements published
+through the HTTP API exactly as the pipeline publishes them, for what a real stream does only
+by chance (a bar written again while its window is open, more batches than the panel shows).
+
+test-output/pipeline.png is written on every run; ``RUBRIS_UPDATE_DOCS_SCREENSHOT=1`` also
+writes docs/images/pipeline.png (the docs' screenshot), as test_browser.py does for demo.png.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, ViewportSize, sync_playwright
+
+from example_app.pipeline import bars_query, catalog_job
+
+from .browserkit import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, MISSING_CHROMIUM
+from .test_browser import API_TOKEN, ROOT, Demo, DemoServer, free_port, stop_process
+
+pytestmark = pytest.mark.browser
+
+VIEWPORT: ViewportSize = {"width": 1280, "height": 900}
+WAIT_MS = 10_000
+CANDLES_MS = 60_000  # the first bars: the first micro-batch alone takes 15-30 s on 2 cores
+BATCH_MS = 60_000  # 200 jobs, most by the fast worker, a few by the page's own (slow) consumer
+JOBS = 200  # the catalog: 50 symbols x 4 books
+SCREENSHOT_CANDLES = 24  # wait for this many candles before the picture (best effort)
+FINAL_AFTER_S = 4.0  # a bar this much older than its window's end gets no more writes
+
+
+# ---- talking to the demo over its HTTP API ---------------------------------------------------
+
+
+def api(server: DemoServer, method: str, path: str, body: Any = None) -> Any:
+    """``{mount}/api{path}`` with the demo's bearer token; the answer's JSON."""
+    req = urllib.request.Request(
+        f"{server.url}/rubris/api{path}",
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=5) as res:
+        return json.loads(res.read() or b"null")
+
+
+def topic_messages(server: DemoServer, name: str) -> list[Any]:
+    """What the ring or snapshot `name` holds now, oldest first (the topic read API)."""
+    return [m["data"] for m in api(server, "GET", f"/topics/{name}?limit=10000")["messages"]]
+
+
+class TradePrinter(threading.Thread):
+    """Prints trades of one symbol (``symbol``, switchable) on the tape, ~4 a second, at its
+    current bid or ask, through ``POST /rubris/api/publish``: every window gets trades."""
+
+    def __init__(self, server: DemoServer, symbol: str) -> None:
+        super().__init__(name="trade-printer", daemon=True)
+        self.server = server
+        self.symbol = symbol
+        self.sent = 0
+        self.failures: list[str] = []
+        self._halt = threading.Event()
+        self._rng = random.Random(11)
+        self._ids = iter(range(900_000_000, 1_000_000_000))
+
+    def run(self) -> None:
+        while not self._halt.wait(0.25):
+            try:
+                self._print(self.symbol)
+            except Exception as exc:  # a thread's exception would only be a warning: keep it
+                self.failures.append(repr(exc))
+
+    def _print(self, symbol: str) -> None:
+        quote = topic_messages(self.server, f"prices.{symbol}")[-1]
+        trades = []
+        for _ in range(self._rng.choice((0, 1, 1, 2))):
+            side = self._rng.choice(("buy", "sell"))
+            trades.append(
+                {
+                    "topic": "trades",
+                    "data": {
+                        "id": next(self._ids),
+                        "symbol": symbol,
+                        "price": quote["ask"] if side == "buy" else quote["bid"],
+                        "qty": self._rng.choice((10, 25, 50, 100, 200, 500)),
+                        "side": side,
+                        "ts": int(time.time() * 1000),
+                    },
+                }
+            )
+        if trades:
+            api(self.server, "POST", "/publish", trades)
+            self.sent += len(trades)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+def start_fast_worker(server: DemoServer, log_dir: Path) -> subprocess.Popen[bytes]:
+    """``python -m example_app.worker`` taking ~5 ms a job."""
+    with (log_dir / "worker.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "example_app.worker", "--url", f"{server.url}/rubris"]
+            + ["--name", "py-spark-test", "--work", "0.005"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def query_state(query: Any) -> str:
+    """What a failed wait should say about the bars query."""
+    try:
+        error = query.exception()
+        return f"active={query.isActive} status={query.status} exception={error}"
+    except Exception as exc:  # the JVM side may be what broke
+        return f"unavailable: {exc!r}"
+
+
+def stop_query(query: Any) -> None:
+    with contextlib.suppress(Exception):
+        query.stop()
+
+
+# ---- what the page shows ------------------------------------------------------------------------
+
+# Every candle drawn: its bar (data-*) and its geometry.
+CANDLES = """() => [...document.querySelectorAll('#candles g.candle')].map((g) => {
+    const body = g.querySelector('rect.candle-body');
+    const wick = g.querySelector('line.wick');
+    return {
+        symbol: g.dataset.symbol, start: Number(g.dataset.start),
+        open: Number(g.dataset.open), high: Number(g.dataset.high),
+        low: Number(g.dataset.low), close: Number(g.dataset.close),
+        up: g.classList.contains('up'), newest: g.classList.contains('newest'),
+        top: Number(body.getAttribute('y')), bottom: Number(body.getAttribute('y'))
+            + Number(body.getAttribute('height')),
+        wickTop: Number(wick.getAttribute('y1')), wickBottom: Number(wick.getAttribute('y2')),
+    };
+})"""
+
+# The catalog batches shown.
+BATCHES = """() => [...document.querySelectorAll('#pl-batches li')].map((li) => ({
+    ...li.dataset,
+    name: li.querySelector('.pl-batch-name').textContent,
+    chip: li.querySelector('.pl-batch-state').textContent,
+    text: li.querySelector('.batch-text').textContent,
+    bar: Object.fromEntries(['aria-valuenow', 'aria-valuemax', 'aria-valuetext']
+        .map((a) => [a, li.querySelector('[role=progressbar]').getAttribute(a)])),
+}))"""
+
+
+def check_candles(candles: list[dict[str, Any]], symbol: str) -> None:
+    """Candles of `symbol`, oldest first, each drawn as its bar says."""
+    assert candles, "no candles"
+    assert all(c["symbol"] == symbol for c in candles), candles
+    starts = [c["start"] for c in candles]
+    assert starts == sorted(set(starts)), f"one candle a window, in time order: {starts}"
+    assert [c["newest"] for c in candles].count(True) == 1 and candles[-1]["newest"]
+    for c in candles:
+        assert c["low"] <= min(c["open"], c["close"]) <= max(c["open"], c["close"]) <= c["high"], c
+        assert c["up"] == (c["close"] >= c["open"]), c
+        # SVG y grows downwards: the wick spans the body
+        assert c["wickTop"] <= c["top"] + 0.5 and c["bottom"] <= c["wickBottom"] + 1.5, c
+
+
+@contextlib.contextmanager
+def demo_page(chromium: Browser, tmp_path: Path) -> Iterator[Demo]:
+    """The demo as a subprocess and its page, open over WebSocket; both closed after."""
+    server = DemoServer(free_port(), tmp_path)
+    server.start()
+    try:
+        context = chromium.new_context(viewport=VIEWPORT)
+        try:
+            context.set_default_timeout(WAIT_MS)
+            demo = Demo(context.new_page(), server)
+            demo.open("/")
+            demo.wait_open("websocket")
+            yield demo
+        finally:
+            context.close()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def chromium() -> Iterator[Browser]:
+    if not HAVE_CHROMIUM:
+        pytest.fail(MISSING_CHROMIUM, pytrace=False)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.mark.timeout(180)
+def test_pipeline_panel_draws_bars_and_follows_the_catalog_batch(
+    spark: Any, chromium: Browser, tmp_path: Path
+) -> None:
+    """bars_query (1 s windows) and catalog_job against the demo; the page shows both."""
+    began = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        demo = stack.enter_context(demo_page(chromium, tmp_path))
+        server = demo.server
+
+        # Before the pipeline: the panel follows the selected symbol and says how to start it.
+        symbol = demo.wait(
+            "() => document.getElementById('pipeline').dataset.symbol || false",
+            what="#pipeline to follow the selected symbol",
+        )
+        assert symbol == demo.page.locator("#grid tr.selected").get_attribute("data-symbol")
+        assert demo.text("#bars-symbol") == symbol
+        assert demo.page.locator("#pipeline").get_attribute("data-bars") == "0"
+        hint = demo.page.locator("#bars-empty").text_content() or ""
+        assert " ".join(hint.split()) == (
+            "No bars yet: start the pipeline with python -m example_app.pipeline (see README)"
+        )
+        assert demo.page.locator("#pl-batches-empty").is_visible()
+
+        printer = TradePrinter(server, symbol)
+        printer.start()
+        stack.callback(printer.stop)
+        url = f"{server.url}/rubris"
+        query = bars_query(
+            spark,
+            url,
+            API_TOKEN,
+            window="1 second",
+            checkpoint=str(tmp_path / "bars-checkpoint"),
+            trigger="0 seconds",
+        )
+        stack.callback(stop_query, query)
+        query_s = time.monotonic() - began
+        worker = start_fast_worker(server, tmp_path)
+        stack.callback(stop_process, worker)
+
+        def wait(expression: str, arg: Any = None, *, what: str, timeout: float) -> Any:
+            """demo.wait, failing at once if the bars query dies meanwhile."""
+            deadline = time.monotonic() + timeout / 1000
+            while True:
+                if query.exception() is not None:
+                    raise AssertionError(
+                        f"the bars query failed while waiting for {what}: {query.exception()}"
+                    )
+                step = max(1, min(1000, (deadline - time.monotonic()) * 1000))
+                try:
+                    return demo.wait(expression, arg, what=what, timeout=step)
+                except AssertionError as exc:
+                    if time.monotonic() < deadline:
+                        continue
+                    raise AssertionError(
+                        f"{exc}\nbars query: {query_state(query)}\n"
+                        f"trade printer: {printer.sent} sent, failures {printer.failures[-3:]}"
+                    ) from None
+
+        # The catalog: 200 reprice jobs as one batch, announced; the page follows it to the end.
+        # It runs while the stream plans and runs its first micro-batches (both are slow to
+        # start: Python workers, code generation), and the page records every state it paints.
+        demo.page.evaluate(
+            """() => {
+                window.__batchStates = [];
+                new MutationObserver(() => {
+                    const li = document.querySelector('#pl-batches li');
+                    if (li) window.__batchStates.push([li.dataset.state, Number(li.dataset.done)]);
+                }).observe(document.getElementById('pl-batches'),
+                    {subtree: true, childList: true, attributes: true});
+            }"""
+        )
+        catalog_job(spark, url, API_TOKEN)
+        catalog_s = time.monotonic() - began
+
+        # Candles of the selected symbol, within CANDLES_MS.
+        wait(
+            "() => document.querySelectorAll('#candles rect.candle-body').length >= 2",
+            what="two candles in #candles",
+            timeout=CANDLES_MS,
+        )
+        first_candles_s = time.monotonic() - began
+        assert demo.page.locator("#bars-empty").is_hidden()
+        assert demo.text("#bars-live-text") == "live"
+        assert demo.text("#bars-meta").startswith("1 s bars · ")
+        check_candles(demo.page.evaluate(CANDLES), symbol)
+
+        # The batch: announced as it opened, followed to "complete", its bar full.
+        done = wait(
+            f"""() => {{
+                const li = document.querySelector('#pl-batches li[data-state="complete"]');
+                return li && li.dataset.done === '{JOBS}' ? li.dataset.batch : false;
+            }}""",
+            what=f"a complete catalog batch of {JOBS} jobs in #pl-batches",
+            timeout=BATCH_MS,
+        )
+        batch_s = time.monotonic() - began
+        announced = topic_messages(server, "pipeline.batches")
+        assert [a["batch"] for a in announced] == [done, done], announced
+        assert announced[0] == {"batch": done, "state": "open"}, announced
+        assert announced[1]["rows"] == JOBS and announced[1]["total"] == JOBS, announced
+        (shown,) = demo.page.evaluate(BATCHES)
+        assert shown["name"] == f"catalog batch {done[:8]}…", shown
+        assert shown["chip"].startswith("complete"), shown
+        assert shown["text"] == f"{JOBS}/{JOBS} done, 0 failed", shown
+        assert (shown["total"], shown["failed"], shown["rows"]) == (str(JOBS), "0", str(JOBS))
+        assert shown["bar"]["aria-valuenow"] == shown["bar"]["aria-valuemax"] == str(JOBS)
+        assert demo.page.locator("#pl-batches-empty").is_hidden()
+        states = demo.page.evaluate("() => window.__batchStates")
+        dones = [d for _, d in states]
+        assert dones == sorted(dones) and dones[-1] == JOBS, states
+        assert any(0 < d < JOBS for d in dones), f"the bar did not fill step by step: {states}"
+        painted = sorted(set(dones))
+
+        # Bars are written again while their window is open: the page keeps the latest write of
+        # each window. Compare the final ones (windows ended a while ago) with the ring.
+        with contextlib.suppress(AssertionError):  # best effort: a fuller picture
+            wait(
+                f"() => document.querySelectorAll('#candles g.candle').length >= "
+                f"{SCREENSHOT_CANDLES}",
+                what=f"{SCREENSHOT_CANDLES} candles",
+                timeout=20_000,
+            )
+        candles = demo.page.evaluate(CANDLES)
+        check_candles(candles, symbol)
+        written = topic_messages(server, f"bars.{symbol}")
+        latest = {b["start"]: b for b in written}  # the ring is in write order: the last wins
+        rewrites = len(written) - len(latest)
+        final_before = time.time() * 1000 - FINAL_AFTER_S * 1000
+        final = [c for c in candles if c["start"] + 1000 < final_before]
+        assert final, candles
+        for c in final:
+            bar = latest[c["start"]]
+            drawn = {k: c[k] for k in ("open", "high", "low", "close")}
+            assert drawn == {k: bar[k] for k in drawn}, (c, bar)
+        in_ring = sorted(s for s in latest if candles[0]["start"] <= s <= final[-1]["start"])
+        assert in_ring == [c["start"] for c in final], "a bar written but not drawn"
+
+        # The picture, before the symbol changes.
+        picture_s = time.monotonic() - began
+        lag_s = time.time() - candles[-1]["start"] / 1000
+        demo.settle()
+        out = ROOT / "test-output" / "pipeline.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        demo.page.screenshot(path=str(out))
+        if os.environ.get("RUBRIS_UPDATE_DOCS_SCREENSHOT") == "1":
+            shutil.copyfile(out, ROOT / "docs" / "images" / "pipeline.png")
+
+        # Another symbol selected: the panel lets go of the old bars and follows the new ones.
+        other = "MSFT" if symbol != "MSFT" else "AAPL"
+        printer.symbol = other
+        demo.page.locator(f'#grid tr[data-symbol="{other}"]').click()
+        assert demo.page.locator("#pipeline").get_attribute("data-symbol") == other
+        assert demo.text("#bars-symbol") == other
+        wait(
+            f"""() => {{
+                const c = [...document.querySelectorAll('#candles g.candle')];
+                return c.length > 0 && c.every((g) => g.dataset.symbol === '{other}');
+            }}""",
+            what=f"a candle of {other}",
+            timeout=20_000,
+        )
+        check_candles(demo.page.evaluate(CANDLES), other)
+        last = float(demo.text(f'#grid tr[data-symbol="{other}"] .last').replace(",", ""))
+        close = float(
+            (demo.page.locator("#candles .last-text").text_content() or "").replace(",", "")
+        )
+        assert abs(close - last) < last * 0.01, (close, last)
+
+        assert not query.exception(), query.exception()
+        progress = [json.loads(p.json) for p in query.recentProgress]
+        assert printer.sent > 0 and not printer.failures, printer.failures
+        demo.assert_clean()
+    took = time.monotonic() - began
+    durations = [p["durationMs"]["triggerExecution"] for p in progress if "durationMs" in p]
+    print(
+        f"\npipeline e2e: query started {query_s:.1f} s, first candles {first_candles_s:.1f} s, "
+        f"catalog written {catalog_s:.1f} s, batch complete {batch_s:.1f} s, picture "
+        f"{picture_s:.1f} s ({len(candles)} candles, newest began {lag_s:.1f} s before), "
+        f"{took:.1f} s in all; {rewrites} bar rewrites in the ring; batch progress painted: "
+        f"{painted}; micro-batches: "
+        f"{len(durations)}, ms {sorted(durations)[len(durations) // 2] if durations else '-'} "
+        f"median, {max(durations, default='-')} max"
+    )
+
+
+def bar(symbol: str, start: int, o: float, h: float, lo: float, c: float) -> dict[str, Any]:
+    """A 5-second bar as the pipeline writes it."""
+    data = {"symbol": symbol, "start": start, "end": start + 5000, "open": o, "high": h}
+    data |= {"low": lo, "close": c, "vwap": round((h + lo + c) / 3, 4), "volume": 100}
+    return {"topic": f"bars.{symbol}", "data": data | {"trades": 1, "last_ts": start + 1000}}
+
+
+def announce(server: DemoServer, what: dict[str, Any]) -> None:
+    api(server, "POST", "/publish", {"topic": "pipeline.batches", "data": what})
+
+
+def test_pipeline_panel_with_bars_and_batches_published_over_http(
+    chromium: Browser, tmp_path: Path
+) -> None:
+    """The panel without Spark: bars and batch announcements published through the HTTP API, as
+    the pipeline publishes them. A bar written again replaces its candle (the newest grows), the
+    newest three batches are shown, and another symbol starts from its own bars."""
+    with demo_page(chromium, tmp_path) as demo:
+        server = demo.server
+        symbol = demo.wait(
+            "() => document.getElementById('pipeline').dataset.symbol || false",
+            what="#pipeline to follow the selected symbol",
+        )
+        t0 = (int(time.time() * 1000) // 5000 - 3) * 5000
+        first = [
+            bar(symbol, t0, 100.0, 101.0, 99.5, 100.5),
+            bar(symbol, t0 + 5000, 100.5, 100.8, 99.8, 100.0),
+            bar(symbol, t0 + 10000, 100.0, 100.2, 99.9, 100.1),
+        ]
+        api(server, "POST", "/publish", first)
+        demo.wait(
+            "() => document.getElementById('pipeline').dataset.updates === '3'",
+            what="three bars on the page",
+        )
+        heights = []
+        for close in (100.1, 100.4, 100.9):  # the open window's bar, written again as it grows
+            api(server, "POST", "/publish", bar(symbol, t0 + 10000, 100.0, close, 99.9, close))
+            demo.wait(
+                "(c) => document.querySelector('#candles g.candle.newest')?.dataset.close === c",
+                str(close),
+                what=f"the newest candle to close at {close}",
+            )
+            demo.settle()
+            height = demo.page.locator("#candles .newest rect").get_attribute("height")
+            heights.append(float(height or 0))
+        candles = demo.page.evaluate(CANDLES)
+        check_candles(candles, symbol)
+        assert [c["start"] for c in candles] == [t0, t0 + 5000, t0 + 10000], candles
+        newest = candles[-1]
+        assert (newest["close"], newest["high"], newest["up"]) == (100.9, 100.9, True), newest
+        assert heights == sorted(heights) and heights[0] < heights[-1], heights
+        assert demo.text("#pl-bars") == "3" and demo.text("#pl-updates") == "6"
+        assert demo.page.locator("#candles .axis").text_content()  # price and time labels
+
+        # Four batches of one job each, announced as the pipeline's sink announces them: the
+        # newest three are shown, newest first, each followed to "complete" (this tab works
+        # the reprice queue, its own jobs included).
+        ids = []
+        for k in range(4):
+            batch = api(server, "POST", "/batches")["batch"]
+            ids.append(batch)
+            announce(server, {"batch": batch, "state": "open"})
+            job = {"job": 5_000_000 + k, "symbol": symbol, "book": "spot", "last": 100.0}
+            item = {"topic": "reprice", "data": job, "id": f"test-{batch}"}
+            api(server, "POST", f"/enqueue?batch={batch}", item)
+            announce(server, {"batch": batch, **api(server, "POST", f"/batches/{batch}/seal")})
+        demo.wait(
+            """() => {
+                const li = [...document.querySelectorAll('#pl-batches li')];
+                return li.length === 3 && li.every((x) => x.dataset.state === 'complete');
+            }""",
+            what="three complete batches in #pl-batches",
+            timeout=30_000,
+        )
+        shown = demo.page.evaluate(BATCHES)
+        assert [b["batch"] for b in shown] == ids[:0:-1], (shown, ids)
+        assert all(b["text"] == "1/1 done, 0 failed" for b in shown), shown
+
+        # Another symbol: no bar of it yet, then its own (not the old symbol's).
+        other = "MSFT" if symbol != "MSFT" else "AAPL"
+        demo.page.locator(f'#grid tr[data-symbol="{other}"]').click()
+        demo.wait("() => document.getElementById('pipeline').dataset.bars === '0'", what="no bars")
+        assert demo.text("#bars-empty") == (
+            f"No bars of {other} yet: the pipeline writes one when it trades next."
+        )
+        later = [bar(symbol, t0 + 15000, 1, 1, 1, 1), bar(other, t0, 50.0, 51.0, 49.0, 50.5)]
+        api(server, "POST", "/publish", later)
+        demo.wait(
+            "(o) => document.querySelector('#candles g.candle')?.dataset.symbol === o",
+            other,
+            what=f"a candle of {other}",
+        )
+        check_candles(demo.page.evaluate(CANDLES), other)
+        demo.assert_clean()

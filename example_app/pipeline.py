@@ -8,7 +8,7 @@ source, in ``local[2]``:
   (5 s by default) and writes each bar, updated every micro-batch while its window is open, to
   ``bars.{symbol}``, which the page draws as candles. Checkpointed: stopped and started again,
   it goes on from where it stopped (trades the ring no longer holds are skipped with a warning).
-- **catalog** (a batch job, at start): reads the current price of every symbol from the
+- **catalog** (a batch job, first): reads the current price of every symbol from the
   ``prices.{symbol}`` snapshots with ``spark.read``, fans a catalog out into one "reprice" job per
   symbol and book (200 jobs) on the ``reprice`` work queue, tracked as one batch; the batch is
   announced on ``pipeline.batches`` and the page shows its progress as the tabs and workers
@@ -150,6 +150,7 @@ def catalog_job(spark: Any, url: str, token: str) -> None:
         .option("topics", ",".join(f"prices.{s}" for s in SYMBOLS))
         .schema("symbol STRING, last DOUBLE")
         .load()
+        .coalesce(2)  # one task a topic otherwise: 50 tiny tasks holding both cores
         .groupBy("symbol")
         .agg(F.last("last").alias("last"))
     )
@@ -189,12 +190,12 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per callback otherwise
     spark = spark_session()
+    if not args.no_catalog:  # first: on two cores its tasks would hold up the stream's
+        catalog_job(spark, args.url, args.token)
+        print(f"catalog: {len(SYMBOLS) * len(BOOKS)} reprice jobs enqueued as one batch")
     query = bars_query(spark, args.url, args.token, window=args.window, checkpoint=args.checkpoint)
     print(f"bars: {args.window} windows of 'trades' -> 'bars.{{symbol}}' (Ctrl-C to stop)")
     try:
-        if not args.no_catalog:
-            catalog_job(spark, args.url, args.token)
-            print(f"catalog: {len(SYMBOLS) * len(BOOKS)} reprice jobs enqueued as one batch")
         query.awaitTermination()
     except KeyboardInterrupt:
         pass

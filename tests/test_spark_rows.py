@@ -16,9 +16,11 @@ from pyspark.sql.types import (
     DecimalType,
     DoubleType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from rubris_asgi.spark.options import OptionError, SinkOptions
@@ -123,3 +125,52 @@ def test_option_names_ignore_case() -> None:
         StructType(SCHEMA.fields[:2]),
     )
     assert (opts.url, opts.mode, opts.id_column) == ("http://h/rubris", "enqueue", "symbol")
+
+
+def test_arrow_batches_give_the_payloads_rows_give() -> None:
+    import pyarrow as pa
+
+    from rubris_asgi.spark.arrow_rows import arrow_rows
+
+    schema = StructType(
+        [
+            StructField("id", LongType()),
+            StructField("at", TimestampType()),
+            StructField("tags", MapType(StringType(), LongType())),
+            StructField("legs", ArrayType(LEG)),
+        ]
+    )
+    at = datetime.datetime(2026, 11, 23, 14, 0, tzinfo=datetime.timezone.utc)
+    batch = pa.RecordBatch.from_pylist(
+        [
+            {"id": 1, "at": at, "tags": [("a", 1)], "legs": [{"side": "buy", "qty": 10}]},
+            {"id": 2, "at": None, "tags": None, "legs": None},
+        ],
+        schema=pa.schema(
+            [
+                ("id", pa.int64()),
+                ("at", pa.timestamp("us", tz="Europe/Paris")),
+                ("tags", pa.map_(pa.string(), pa.int64())),
+                ("legs", pa.list_(pa.struct([("side", pa.string()), ("qty", pa.int64())]))),
+            ]
+        ),
+    )
+    opts = SinkOptions.parse({"url": "http://h/rubris", "topic": "t"}, schema)
+    encoder = RowEncoder(opts, "w", 0, plain=True)
+    lines = [
+        orjson.loads(encoder.line(i, r)) for i, r in enumerate(arrow_rows(iter([batch]), schema))
+    ]
+    first = {
+        "id": 1,
+        "at": "2026-11-23T14:00:00Z",
+        "tags": {"a": 1},
+        "legs": [{"side": "buy", "qty": 10}],
+    }
+    assert [line["data"] for line in lines] == [
+        first,
+        {"id": 2, "at": None, "tags": None, "legs": None},
+    ]
+    # the Row path (streams) writes the same: a Row holds the timestamp as naive local time
+    local = at.astimezone().replace(tzinfo=None)
+    row = Row(id=1, at=local, tags={"a": 1}, legs=[Row(side="buy", qty=10)])
+    assert orjson.loads(RowEncoder(opts, "w", 0).line(0, row))["data"] == first

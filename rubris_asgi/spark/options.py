@@ -13,7 +13,15 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyspark.sql.types import ArrayType, DataType, DoubleType, FloatType, MapType, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    DoubleType,
+    FloatType,
+    MapType,
+    StructType,
+    TimestampType,
+)
 
 MODES = ("publish", "enqueue")
 
@@ -98,6 +106,8 @@ class SinkOptions:
     as JSON has no way to carry them."""
     names: tuple[str, ...]
     """The DataFrame's columns, in order: rows are read by position, which is cheaper."""
+    stamp_columns: tuple[str, ...]
+    """Top-level timestamp columns: a ``Row`` holds them as naive local time, written in UTC."""
     flat: bool
     """No column holds rows (structs, or arrays and maps of them): a row's payload is a plain
     ``dict(zip(names, row))``, without ``asDict``'s recursive walk."""
@@ -172,6 +182,9 @@ class SinkOptions:
             timeout=number(opts, "timeout", 30.0, 0.1),
             float_columns=floats,
             names=tuple(names),
+            stamp_columns=tuple(
+                f.name for f in schema.fields if isinstance(f.dataType, TimestampType)
+            ),
             flat=not any(_holds_rows(f.dataType) for f in schema.fields),
         )
 

@@ -13,6 +13,7 @@ a template column that is null, a float that is NaN or infinite, a value JSON ca
 from __future__ import annotations
 
 import base64
+import datetime
 import math
 from decimal import Decimal
 from typing import Any
@@ -28,6 +29,14 @@ class RowError(RubrisError):
     """A row the sink cannot send (its partition and index are in the message)."""
 
 
+def utc(stamp: datetime.datetime) -> datetime.datetime:
+    """A timestamp in UTC: a naive one is local time (how a PySpark ``Row`` holds it)."""
+    return stamp.astimezone(datetime.timezone.utc)
+
+
+_OPTIONS = orjson.OPT_UTC_Z  # "2026-11-23T14:00:00Z"
+
+
 def _default(value: Any) -> Any:
     if isinstance(value, Decimal):
         return float(value)
@@ -39,8 +48,10 @@ def _default(value: Any) -> Any:
 class RowEncoder:
     """Entries for one partition's rows."""
 
-    def __init__(self, opts: SinkOptions, key: str, partition: int) -> None:
+    def __init__(self, opts: SinkOptions, key: str, partition: int, *, plain: bool = False) -> None:
+        """``plain``: rows are tuples of plain values (``arrow_rows``), not PySpark ``Row``s."""
         self.opts = opts
+        self.plain = plain
         self.key = key
         self.partition = partition
         self.enqueue = opts.mode == "enqueue"
@@ -51,9 +62,17 @@ class RowEncoder:
         self.value = at[opts.value] if opts.value is not None else None
         self.columns = [(c, at[c]) for c in opts.columns] if opts.columns is not None else None
         self.id_at = at[opts.id_column] if opts.id_column is not None else None
+        # a Row's timestamps are naive local time; arrow_rows made them UTC already
+        self.stamps = [] if plain else [at[name] for name in opts.stamp_columns]
 
-    def line(self, index: int, row: Row) -> bytes:
+    def line(self, index: int, row: Row | tuple[Any, ...]) -> bytes:
         opts = self.opts
+        if self.stamps:
+            values = list(row)
+            for i in self.stamps:
+                if values[i] is not None:
+                    values[i] = utc(values[i])
+            row = tuple(values) if opts.flat else Row(**dict(zip(opts.names, values, strict=True)))
         try:
             entry: dict[str, Any] = {"topic": self._topic(row) if self.template else opts.topic}
             for name, i in self.floats:
@@ -68,9 +87,10 @@ class RowEncoder:
                     entry["data"] = v
             elif self.columns is not None:
                 entry["data"] = {c: row[i] for c, i in self.columns}
-            elif opts.flat:
+            elif self.plain or opts.flat:
                 entry["data"] = dict(zip(opts.names, row, strict=True))
             else:
+                assert isinstance(row, Row)
                 entry["data"] = row.asDict(recursive=True)
             if self.enqueue:
                 if self.id_at is not None:
@@ -80,7 +100,7 @@ class RowEncoder:
                     entry["id"] = str(item_id)
                 else:
                     entry["id"] = f"{self.key}:{self.partition}:{index}"
-            return orjson.dumps(entry, default=_default)
+            return orjson.dumps(entry, default=_default, option=_OPTIONS)
         except RowError as exc:
             raise RowError(f"partition {self.partition}, row {index}: {exc}") from None
         except TypeError as exc:  # orjson: a value it cannot write (binary, ...)
@@ -88,7 +108,7 @@ class RowEncoder:
                 f"partition {self.partition}, row {index}: a value JSON cannot carry: {exc}"
             ) from None
 
-    def _topic(self, row: Row) -> str:
+    def _topic(self, row: Row | tuple[Any, ...]) -> str:
         values = {}
         for field, i in self.fields:
             v = row[i]

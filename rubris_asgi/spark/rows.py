@@ -1,7 +1,7 @@
 """A row to one NDJSON entry of the HTTP API: ``RowEncoder.line``.
 
 The topic is the ``topic`` option, its ``{column}`` fields filled from the row. The payload is
-the row as a JSON object (nested rows as objects, dates and timestamps as ISO 8601 strings,
+the row as a JSON object (nested rows as objects, dates as ISO 8601, timestamps in UTC,
 decimals as numbers), the ``columns`` option's subset of it, or the ``value`` column alone: a
 binary value goes as ``data_b64`` (for bytes topics), anything else as ``data``. In enqueue
 mode each entry carries an ``id``: ``idColumn``'s value, or ``{write}:{partition}:{index}``.

@@ -55,6 +55,8 @@ PRICE = re.compile(r"^\d{1,3}(,\d{3})*\.\d{2}$")  # how the page formats a price
 CONNECTION_NOISE = re.compile(
     r"WebSocket connection to .* failed"
     r"|net::ERR_CONNECTION_(REFUSED|RESET|CLOSED)"
+    # a request on a keep-alive socket of the killed process (seen once in CI, long-poll kill)
+    r"|net::ERR_SOCKET_NOT_CONNECTED"
     r"|net::ERR_(EMPTY_RESPONSE|CONTENT_LENGTH_MISMATCH|INCOMPLETE_CHUNKED_ENCODING)"
     r"|Failed to load resource: the server responded with a status of 5\d\d"
     # a long-poll of the old session, answered by the new server

@@ -298,26 +298,9 @@ def quiet(limit: float, threshold: float = 10.0) -> float:
 
 
 def spark_session(parallel: int) -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from example_app.pipeline import spark_session as demo_session
 
-    from rubris_asgi.spark import register
-
-    spark = (
-        SparkSession.builder.master(f"local[{parallel}]")
-        .appName("rubris-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
+    return demo_session(f"local[{parallel}]", "rubris-bench")
 
 
 def spark_write(spark: Any, url: str, rows: int, warm: bool) -> None:

@@ -36,7 +36,7 @@ BOOKS = ("spot", "1m", "3m", "1y")
 """The catalog: one reprice job per symbol and book."""
 
 
-def spark_session(master: str = "local[2]") -> Any:
+def spark_session(master: str = "local[2]", name: str = "rubris-demo-pipeline") -> Any:
     """A local SparkSession, UI off, few shuffle partitions, ``rubris`` registered."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -45,8 +45,9 @@ def spark_session(master: str = "local[2]") -> Any:
 
     spark = (
         SparkSession.builder.master(master)
-        .appName("rubris-demo-pipeline")
+        .appName(name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # a bar a stage drowns the log
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

@@ -61,7 +61,11 @@ _BATCH_ID = "streaming.sql.batchId"
 
 class SinkError(RubrisError):
     """A write that cannot go on: a row the sink cannot send, or a request the server refused
-    or never answered. Says which partition and row."""
+    (``status``) or never answered (``status`` 0). Says which partition and row."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -202,7 +206,8 @@ def write_partition(
                     if exc.index is not None:
                         where = f"row {first + exc.index}"
                     what = "the server refused them" if exc.status else "they were not sent"
-                    raise SinkError(f"partition {partition}, {where}: {what}: {exc}") from None
+                    message = f"partition {partition}, {where}: {what}: {exc}"
+                    raise SinkError(message, exc.status) from None
                 first += n
                 done.accepted += n
                 done.requests += 1
@@ -256,7 +261,7 @@ def _open_batch(http: httpx.Client, opts: SinkOptions, batch: str | None) -> str
     try:
         answer = _call(http, opts, "POST", "/api/batches", body)
     except SinkError as exc:
-        if batch is not None and "HTTP 409" in str(exc):
+        if batch is not None and exc.status == 409:
             return batch  # another task (or the first attempt) opened it
         raise
     opened: str = answer["batch"]
@@ -286,7 +291,7 @@ def _call(
             reason = str(r.json().get("error"))
         except ValueError:
             reason = r.text[:200]
-        raise SinkError(f"{method} {opts.url}{path}: HTTP {r.status_code}: {reason}")
+        raise SinkError(f"{method} {opts.url}{path}: HTTP {r.status_code}: {reason}", r.status_code)
     answer: dict[str, Any] = r.json()
     return answer
 

@@ -22,8 +22,6 @@ from typing import Any
 
 import orjson
 import pytest
-from starlette.applications import Starlette
-from starlette.routing import Mount
 
 from rubris_asgi import Codec, Config, Rubris, Session
 from rubris_asgi.spark import convert, pages, source
@@ -36,6 +34,7 @@ from rubris_asgi.spark.source_options import (
     SourceOptions,
 )
 
+from .apps import starlette_app
 from .server import run_server
 
 TOKEN = "spark-read-token"
@@ -75,8 +74,7 @@ def make() -> Rubris:
 async def served() -> AsyncIterator[tuple[Rubris, str]]:
     """The app mounted at /rubris, and its mount URL."""
     rubris = make()
-    app = Starlette(routes=[Mount("/rubris", rubris)], lifespan=rubris.lifespan)
-    async with run_server(app) as base:
+    async with run_server(starlette_app(rubris)) as base:
         yield rubris, f"{base}/rubris"
 
 

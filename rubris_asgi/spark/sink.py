@@ -74,7 +74,6 @@ class SinkCommit(WriterCommitMessage):
 
     partition: int
     rows: int
-    accepted: int
     duplicates: int
     requests: int
     retries: int
@@ -187,7 +186,7 @@ def write_partition(
         opts.url, opts.token, opts.batch_size, opts.batch_bytes, opts.retry_for, None, path
     )
     params = {"batch": batch} if batch is not None else None
-    done = SinkCommit(partition, 0, 0, 0, 0, 0, 0, batch)
+    done = SinkCommit(partition, 0, 0, 0, 0, 0, batch)
     first = 0  # the index of the first row in the batch being filled
     with _client(opts) as http:
         opened = not open_batch
@@ -209,7 +208,6 @@ def write_partition(
                     message = f"partition {partition}, {where}: {what}: {exc}"
                     raise SinkError(message, exc.status) from None
                 first += n
-                done.accepted += n
                 done.requests += 1
                 done.duplicates += answer.get("duplicates", 0)
                 done.enqueued += answer.get("count") or 0
@@ -236,17 +234,17 @@ def _finish(
 ) -> None:
     commits = [m for m in messages if isinstance(m, SinkCommit)]
     rows = sum(m.rows for m in commits)
-    duplicates = sum(m.duplicates for m in commits)
     log.info(
         "rubris: %s sent %d rows in %d requests (%d duplicates, %d retries)",
         what,
         rows,
         sum(m.requests for m in commits),
-        duplicates,
+        sum(m.duplicates for m in commits),
         sum(m.retries for m in commits),
     )
     if batch is None:
         return
+    log.info("rubris: %s added %d items to batch %s", what, sum(m.enqueued for m in commits), batch)
     with _client(opts) as http:
         _open_batch(http, opts, batch)  # a micro-batch whose tasks enqueued nothing
         status = _call(http, opts, "POST", f"/api/batches/{batch}/seal", None)

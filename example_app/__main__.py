@@ -23,6 +23,11 @@ def main() -> None:
         """ -d '{"topic": "trades", "data": {"id": 0, "symbol": "AAPL", "price": 1.0,"""
         """ "qty": 1, "side": "buy", "ts": 0}}'"""
     )
+    print(
+        f"operations page: http://{args.host}:{args.port}/rubris/ops"
+        f" (any user name, password {API_TOKEN}); Prometheus metrics:"
+        f" http://{args.host}:{args.port}/metrics"
+    )
     where = f"the SQLite file {BATCH_FILE}" if BATCH_FILE else "memory (RUBRIS_BATCHES: a file)"
     print(f"batches (the page's 'Reprice all' button) are kept in {where}")
 

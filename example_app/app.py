@@ -20,6 +20,8 @@ per symbol enqueued as one batch, sealed; returns {"batch", "total", "ahead"}: t
 follows batch.{id} with watchBatch; one running batch a session).
 HTTP API: POST /rubris/api/publish with the bearer token API_TOKEN (RUBRIS_API_TOKEN, or a
 random one printed at start): another program can print trades on the tape.
+Operations: Prometheus metrics at /metrics; the live operations page at /rubris/ops (HTTP Basic:
+any user name, the API token as the password).
 Batch store: in memory, like the queue whose jobs the batches track (a restart loses both, and
 nothing is written to disk); RUBRIS_BATCHES=path keeps them in that SQLite file instead.
 """
@@ -42,6 +44,7 @@ from fastapi.staticfiles import StaticFiles
 from rubris_asgi import Reject, Rubris, Session
 from rubris_asgi.batches import BatchStore, MemoryBatchStore, SQLiteBatchStore, State
 from rubris_asgi.errors import UnknownBatch
+from rubris_asgi.metrics import Metrics
 
 from .market import SYMBOLS, Market
 
@@ -56,7 +59,7 @@ Not rubris's default (a SQLite file in the working directory): the jobs a batch 
 this process's queue, so a batch kept past a restart could only wait for jobs that are gone."""
 batch_store: BatchStore = SQLiteBatchStore(BATCH_FILE) if BATCH_FILE else MemoryBatchStore()
 
-rubris = Rubris(compress_at=512, api_token=API_TOKEN, batches=batch_store)
+rubris = Rubris(compress_at=512, api_token=API_TOKEN, batches=batch_store, ops=True)
 market = Market()
 
 
@@ -313,6 +316,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 app = FastAPI(title="rubris_asgi demo", lifespan=lifespan)
+app.add_route("/metrics", Metrics(rubris), include_in_schema=False)
 app.mount("/rubris", rubris)
 app.mount("/static", StaticFiles(directory=STATIC), name="static")
 

@@ -247,11 +247,20 @@ class HttpApi:
 
     # checks, in the order a request meets them
 
-    def check_token(self, request: Request) -> None:
+    def check_token(self, request: Request, *, basic: bool = False) -> None:
+        """401 unless the request carries the token as ``Bearer``, or with ``basic`` also as
+        the password of HTTP Basic (any user name): what a browser can send to a page."""
         if self._token is None:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), self._token):
+        scheme = scheme.lower()
+        if basic and scheme == "basic":
+            try:
+                given = base64.b64decode(given, validate=True).decode().partition(":")[2]
+            except (binascii.Error, UnicodeDecodeError):
+                given = ""
+            scheme = "bearer"
+        if scheme != "bearer" or not hmac.compare_digest(given.encode(), self._token):
             raise Refusal(401, "a valid bearer token is required")
 
     async def read_body(self, request: Request) -> bytes:
@@ -380,6 +389,8 @@ class HttpApi:
         headers: dict[str, str] | None = None,
         queues: list[QueueTopic] | None = None,
     ) -> Response:
+        if status >= 400:
+            self.engine.telemetry.api_refusals[status] += 1
         fill = self.engine.intake.fill
         for q in queues or ():
             fill = max(fill, min(100, len(q.ready) * 100 // q.settings.max_length))

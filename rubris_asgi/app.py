@@ -37,6 +37,8 @@ from .dispatch import Dispatcher
 from .engine import Engine
 from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
 from .intake import IntakeStats
+from .observer import Observer
+from .ops import OpsPage
 from .protocol import Codec, Mode
 from .queues import QueueSettings, QueueStats, QueueTopic
 from .scheduler import CycleStats
@@ -45,6 +47,8 @@ from .topic_api import TopicApi
 from .transports.gateway import Authenticate, Gateway
 from .transports.longpoll import LongPollSession, LongPollTransport
 from .transports.websocket import WebSocketTransport
+from .workers import WorkerBoard
+from .workers import stats_dir as _stats_dir
 
 log = logging.getLogger("rubris_asgi")
 
@@ -133,6 +137,12 @@ class Rubris:
             working directory, created when the first batch is opened) or False (off).
         authorize_batch: ``f(session, batch) -> bool`` (may be async), asked when a session
             subscribes to ``batch.{id}``; without it, knowing the (random) id is enough.
+        ops: serve the live operations page at ``{mount}/ops`` and its JSON at
+            ``{mount}/ops/stats``, behind the HTTP API's authorisation (so it needs
+            ``api_token`` or ``authorize_api``). docs/operations.md, "Metrics".
+        stats_dir: a directory the workers of one host share so that any of them answers the
+            ops page and ``/metrics`` for all (workers.py); default ``$RUBRIS_STATS_DIR``, then
+            ``$PROMETHEUS_MULTIPROC_DIR``; without one a worker shows only itself.
     """
 
     def __init__(
@@ -149,6 +159,8 @@ class Rubris:
         authorize_api: AuthorizeApi | None = None,
         batches: Batches | BatchStore | str | bool = True,
         authorize_batch: AuthorizeBatch | None = None,
+        ops: bool = False,
+        stats_dir: str | None = None,
     ) -> None:
         config = config or Config()
         if compress_at is not _UNSET:
@@ -182,6 +194,10 @@ class Rubris:
             BatchTopics(self.engine, self.registry, self._batches, authorize_batch)
             batch_routes = BatchApi(self.api, self._batches).routes()
         self.assets = Assets()
+        self.observer = Observer(self.engine)
+        """This worker's figures (``observer.snapshot()``): the ops page's and /metrics'."""
+        self.board = WorkerBoard(self.observer, _stats_dir(stats_dir))
+        ops_routes = OpsPage(self.api, self.board, self.assets).routes() if ops else []
         self.router = Router(
             routes=[
                 WebSocketRoute("/ws", self.websocket),
@@ -193,6 +209,7 @@ class Rubris:
                 *self.api.routes(),
                 *TopicApi(self.api).routes(),
                 *batch_routes,
+                *ops_routes,
             ]
         )
 
@@ -499,6 +516,8 @@ class Rubris:
         if self._batches is not None:
             await self._batches.store.start()
             self._tasks.append(loop.create_task(self._batches.run(), name="rubris-batches"))
+        if self.board.path is not None:
+            self._tasks.append(loop.create_task(self.board.run(), name="rubris-worker-stats"))
         self.started = True
 
     async def drain(self) -> None:
@@ -537,6 +556,7 @@ class Rubris:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        self.board.close()
         await self.dispatcher.cancel_all()
         if self._batches is not None:
             # what consumers ACKed before the end reaches the store before it closes

@@ -174,6 +174,7 @@ class BatchApi:
     def _refused(self, exc: Refusal | BatchError) -> Response:
         if isinstance(exc, BatchError):
             exc = Refusal(exc.status, exc.reason)
+        self.api.engine.telemetry.api_refusals[exc.status] += 1
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
         response = self._answer({"error": exc.error, "index": exc.index}, exc.status)
         response.headers.update(headers)

@@ -87,6 +87,7 @@ class Dispatcher:
             elif isinstance(msg, Unsubscribe):
                 self.engine.unsubscribe(s, msg.topic)
             elif isinstance(msg, Nak):
+                self.engine.telemetry.naks += 1
                 on_nak(s, msg.fill, self.engine.clock(), self.config.flow)
             elif isinstance(msg, Publish):
                 await self._publish(s, msg)
@@ -271,6 +272,7 @@ class Dispatcher:
         return encode_message(kind, encode_uv(call) + bytes((flag,)) + data, compressed)
 
     def _error(self, s: Session, call: int, code: int, message: str) -> None:
+        self.engine.telemetry.error("result", code)
         payload = orjson.dumps({"code": int(code), "message": message})
         self.engine.direct(s, encode(Result(call, 1, payload)))
 

@@ -38,6 +38,7 @@ from .protocol import (
 from .queues import QueueItem, QueueSettings, QueueSub, QueueTopic
 from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
+from .telemetry import Telemetry
 from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
 
 JSON = int(Codec.JSON)
@@ -81,7 +82,8 @@ class Engine:
         self.clock = clock
         self.pool = WriterPool(self.config.pool)
         self.compression = Compression(compressor)
-        self.scheduler = Scheduler(self.pool, clock, self.config.flow)
+        self.telemetry = Telemetry()
+        self.scheduler = Scheduler(self.pool, clock, self.config.flow, self.telemetry)
         self.topics: dict[str, SharedTopic] = {}
         self.queues: dict[str, QueueTopic] = {}
         self.sessions: dict[str, Session] = {}
@@ -112,6 +114,7 @@ class Engine:
         sid = secrets.token_urlsafe(16)
         s = Session(sid, f"{sid}.{secrets.token_urlsafe(16)}", user, owner)
         self.sessions[sid] = s
+        self.telemetry.sessions_opened += 1
         return s
 
     def find_resumable(self, token: str, owner: Any = None) -> Session | None:
@@ -134,6 +137,7 @@ class Engine:
         s.sink = sink
         s.state = SessionState.CONNECTED
         s.ready = ready
+        s.attached_at = self.clock()  # what was published before is a replay, not latency
         for sub in s.subs.values():
             if isinstance(sub, PrivateSub) and sub.unacked:
                 sub.rewind()
@@ -175,6 +179,7 @@ class Engine:
         s.pending.clear()
         self._give_back_queues(s, lost=True)
         s.direct.append(encode(Goodbye(code, reason)))
+        self.telemetry.error("goodbye", code)
         s.state = SessionState.CLOSING
         s.close_code = code
         self.scheduler.client_pending(s)
@@ -213,6 +218,7 @@ class Engine:
         if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
             return
         if len(s.direct) >= self.config.limits.max_direct_queue:
+            self.telemetry.closed_backlog += 1
             self.close_session(s, ErrorCode.SLOW_CONSUMER, "direct queue full")
             return
         self.pool.check_size(len(msg))
@@ -269,11 +275,13 @@ class Engine:
         if t is None or t.subs:
             return False
         del self.topics[name]
+        self.telemetry.retired_seqs += t.seq  # its publishes still count (``published()``)
         return True
 
-    def publish(self, t: SharedTopic, value: Any) -> int:
+    def publish(self, t: SharedTopic, value: Any, stamp: float | None = None) -> int:
         """Publish to a shared topic: encode and compress once, O(1); returns the seq.
 
+        ``stamp``: when the message arrived (the intake's, for publish-to-frame); now if None.
         Raises ``MessageTooLarge`` (nothing stored, nothing sent) over the pool's maximum.
         """
         payload = encode_payload(value, t.codec)
@@ -281,7 +289,7 @@ class Engine:
         # the PUSH header is at most ~25 bytes; checking the payload against the maximum minus
         # that keeps a message that passes here from being refused when it is written
         self.pool.check_size(len(data) + 32)
-        return t.publish(data, compressed)
+        return t.publish(data, compressed, self.clock() if stamp is None else stamp)
 
     def check_payload(self, size: int) -> None:
         """Raise ``MessageTooLarge`` for a payload of ``size`` bytes no frame could carry."""
@@ -587,6 +595,7 @@ class Engine:
         return True
 
     def reject(self, s: Session, req: int, code: int, reason: str) -> None:
+        self.telemetry.error("rejected", code)
         self.direct(s, encode(Rejected(req, code, reason)))
 
     def _drop_sub(self, s: Session, sub: Sub, lost: bool) -> None:

@@ -69,7 +69,8 @@ class Intake:
 
     Args:
         max_messages / max_bytes: the bounds.
-        publish: ``f(topic, payload)``, called by :meth:`drain` (the engine's publish).
+        publish: ``f(topic, payload, stamp)``, called by :meth:`drain` (the engine's publish;
+            ``stamp`` is when the message arrived here, for publish-to-frame).
         wake: called when messages arrive, so an idle scheduler runs a cycle.
         flow: ``f(fill, publishers)``, called when the fill crosses a FLOW level.
         clock: a monotonic clock (for "published in the last second").
@@ -80,7 +81,7 @@ class Intake:
         max_messages: int,
         max_bytes: int,
         *,
-        publish: Callable[[SharedTopic, bytes], object],
+        publish: Callable[[SharedTopic, bytes, float], object],
         wake: Callable[[], None],
         flow: Callable[[int, list[Hashable]], None],
         clock: Callable[[], float],
@@ -91,7 +92,8 @@ class Intake:
         self._wake = wake
         self._flow = flow
         self._clock = clock
-        self.queues: dict[SharedTopic, deque[bytes]] = {}
+        self.queues: dict[SharedTopic, deque[tuple[bytes, float]]] = {}
+        """Per topic: (payload, arrival time), in arrival order."""
         self.count = 0
         self.bytes = 0
         self._level = 0
@@ -116,18 +118,19 @@ class Intake:
         queues = self.queues
         n = 0
         size = 0
+        now = self._clock()
         for topic, payload in entries:
             q = queues.get(topic)
             if q is None:
                 q = queues[topic] = deque()
-            q.append(payload)
+            q.append((payload, now))
             n += 1
             size += len(payload)
         self.count += n
         self.bytes += size
         self.stats.accepted += n
         if publisher is not None:
-            self._publishers[publisher] = self._clock()
+            self._publishers[publisher] = now
         if n:
             self._check_flow()
             self._wake()
@@ -150,20 +153,20 @@ class Intake:
         for topic, q in self.queues.items():
             if topic.mode == SNAPSHOT and len(q) > 1:
                 conflated += len(q) - 1
-                size += sum(map(len, q))
-                batch: Iterable[bytes] = (q[-1],)
+                size += sum(len(p) for p, _ in q)
+                batch: Iterable[tuple[bytes, float]] = (q[-1],)
                 q.clear()
             elif not topic.subs:  # nobody to lap: the ring takes everything now
-                size += sum(map(len, q))
+                size += sum(len(p) for p, _ in q)
                 batch = tuple(q)
                 q.clear()
             else:
-                batch = (q[0],)
-                size += len(q.popleft())
-            for payload in batch:
+                batch = (q.popleft(),)
+                size += len(batch[0][0])
+            for payload, stamp in batch:
                 moved += 1
                 try:
-                    publish(topic, payload)
+                    publish(topic, payload, stamp)
                 except Exception:  # checked at the door; a failure must not stop the cycle
                     log.exception("intake: publishing to %s failed", topic.name)
             if not q:

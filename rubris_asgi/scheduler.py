@@ -30,6 +30,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 
 from .buffers import FrameBuffer, SizeClass, WriterPool
 from .config import FlowConfig
@@ -39,6 +40,7 @@ from .protocol import Gap, encode, encode_uv
 from .protocol.wire import BYTE
 from .queues import QueueSub, QueueTopic
 from .session import Session, SessionState
+from .telemetry import PROBE_SUBS, PROBES, Telemetry
 from .topics import PRIVATE, RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
 
 
@@ -69,7 +71,11 @@ class Scheduler:
     """Pending sets and the cycle. Sans-IO: ``run_cycle()`` is a plain function call."""
 
     def __init__(
-        self, pool: WriterPool, clock: Callable[[], float], flow: FlowConfig | None = None
+        self,
+        pool: WriterPool,
+        clock: Callable[[], float],
+        flow: FlowConfig | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.pool = pool
         self.clock = clock
@@ -83,6 +89,7 @@ class Scheduler:
         self.timers: list[tuple[float, int, Session]] = []
         self._tie = itertools.count()
         self.stats = CycleStats()
+        self.telemetry = telemetry or Telemetry()
         self.wake: Callable[[], None] = _noop
         """Set by the async runner: called when work arrives while it sleeps."""
         self.idle = False
@@ -179,6 +186,7 @@ class Scheduler:
                 clients.append(s)
 
         self.clients = []
+        probes = self._probes(clients) if clients else None
         frames = 0
         for s in clients:
             s.queued = False
@@ -194,7 +202,53 @@ class Scheduler:
                     if pause:
                         self.hold(s, now + pause)
         stats.frames += frames
+        end = self.clock()
+        self.telemetry.cycle.observe(end - now)
+        if probes:
+            self._timed(probes, now, end, len(clients))
         return frames
+
+    # publish-to-frame samples (telemetry.py): a few sessions a cycle, nothing per frame
+
+    @staticmethod
+    def _probes(clients: list[Session]) -> list[tuple[int, list[tuple[Sub, int]]]]:
+        """The sessions this cycle samples, by place, with their shared topics' cursors."""
+        step = len(clients) // PROBES or 1
+        probes = []
+        for i in range(step - 1, len(clients), step):
+            subs = [
+                (sub, sub.cursor)
+                for sub in islice(clients[i].pending, PROBE_SUBS)
+                if sub.mode == RING or sub.mode == SNAPSHOT
+            ]
+            if subs:
+                probes.append((i, subs))
+        return probes
+
+    def _timed(
+        self, probes: list[tuple[int, list[tuple[Sub, int]]]], start: float, end: float, n: int
+    ) -> None:
+        """Record what the sampled sessions were sent: each moved cursor is one message.
+
+        Replays are left out: a snapshot's first value and whatever was published before the
+        session's connection began (a resume, a ring replay)."""
+        latency = self.telemetry.latency
+        weight = n // PROBES or 1
+        span = end - start
+        for i, subs in probes:
+            at = start + span * (i + 1) / n  # when its frame was handed over, interpolated
+            for sub, cursor in subs:
+                if sub.cursor == cursor:
+                    continue  # not served this cycle (not ready, held, frame full)
+                t: SharedTopic = sub.topic  # type: ignore[assignment]
+                if sub.mode == SNAPSHOT:
+                    if not cursor:
+                        continue
+                    stamp = t.stamp
+                else:  # the message at the old cursor, or the oldest held when it was lapped
+                    stamp = t.stamps[max(cursor, t.seq - t.cap + 1) % t.cap]
+                if stamp >= sub.session.attached_at:  # type: ignore[attr-defined]
+                    latency.observe(max(0.0, at - stamp), weight)
 
     def _serve(self, s: Session) -> bool:
         """Build and hand over one frame for ``s``; the hot path of the whole engine."""

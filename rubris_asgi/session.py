@@ -67,7 +67,9 @@ class Session:
         "nak_at",
         "calls",
         "detached_at",
+        "attached_at",
         "close_code",
+        "transport",
         "data",
         "__weakref__",
     )
@@ -106,8 +108,12 @@ class Session:
         self.calls: set[int] = set()
         """Call ids in flight."""
         self.detached_at = 0.0
+        self.attached_at = 0.0
+        """When its latest connection began (publish-to-frame leaves out older messages)."""
         self.close_code = 0
         """The GOODBYE code once the session is CLOSING."""
+        self.transport = ""
+        """The transport of its latest connection: ``websocket`` or ``longpoll``."""
         self.data: dict[str, Any] = {}
         """Free for the application (e.g. per-session state of handlers)."""
 

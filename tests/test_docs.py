@@ -59,3 +59,12 @@ def test_spark_example_runs() -> None:
     assert """read: [(1, '{"px":189.0,"qty":100}'), (2, '{"px":189.01,"qty":101}')]""" in out
     assert "micro-batch 0: [(1, 189.0, 100), (2, 189.01, 101), (3, 189.02, 102)," in out
     assert "micro-batch 1: [(6, 190.0, 7)]" in out
+
+
+def test_metrics_example_runs() -> None:
+    out = run_example("metrics")
+    assert "rubris_sessions {'state': 'connected', 'transport': 'websocket'} 1" in out
+    assert "rubris_published_messages_total {} 5" in out
+    assert "rubris_publish_to_frame_seconds_count {} 5" in out
+    assert "ops/stats without the token: 401" in out
+    assert "ops/stats: this worker True {'connected': 1, 'detached': 0, 'closing': 0}" in out

@@ -76,3 +76,17 @@ def test_pool_and_flow_numbers_match_the_code() -> None:
     assert f"| `compress_at` | {c.compress_at} bytes |" in DOC
     assert f"| `ring_size` | {c.ring_size} |" in DOC
     assert f"| `private_queue` | {c.private_queue} |" in DOC
+
+
+def test_every_metric_is_documented() -> None:
+    """Each family the collector makes has a row in the metrics table, with its type."""
+    from rubris_asgi import Rubris
+    from rubris_asgi.metrics import families
+
+    rubris = Rubris(batches=False)
+    made = set()
+    for family in families([rubris.observer.snapshot()]):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        made.add(f"{name} ({family.type})")
+    rows = re.findall(r"^\| `(rubris_\w+)` \| (\w+) \|", DOC, re.MULTILINE)
+    assert made == {f"{name} ({kind})" for name, kind in rows}

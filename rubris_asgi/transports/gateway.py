@@ -129,6 +129,7 @@ class Gateway:
                 if old is not None:
                     old.superseded()
                     engine.detach(s)
+                engine.telemetry.sessions_resumed += 1
                 return s, True
         return engine.open_session(user, key), False
 

@@ -45,6 +45,11 @@ class LongPollTransport:
 
     # the endpoints
 
+    def _error(self, exc: ProtocolError) -> Response:
+        """The HTTP answer to bad input, counted by its protocol code."""
+        self.gateway.engine.telemetry.error("http", exc.code)
+        return _error_response(exc)
+
     async def open_session(self, request: Request) -> Response:
         """POST {mount}/lp: HELLO, answered with WELCOME."""
         gateway = self.gateway
@@ -55,14 +60,15 @@ class LongPollTransport:
             msgs = gateway.decode_client_frame(await self._read_body(request))
             s, resumed = gateway.open_or_resume(msgs, user)
         except ProtocolError as exc:
-            return _error(exc)
+            return self._error(exc)
+        s.transport = "longpoll"
         lp = LongPollSession(self, s)
         self.sessions[s.id] = lp
         gateway.engine.attach(s, lp, ready=False)
         try:
             await gateway.dispatcher.handle(s, msgs[1:])
         except ProtocolError as exc:
-            return _error(exc)
+            return self._error(exc)
         return Response(gateway.welcome(s, resumed), media_type=_OCTETS)
 
     async def post_frame(self, request: Request) -> Response:
@@ -73,7 +79,7 @@ class LongPollTransport:
             msgs = gateway.decode_client_frame(await self._read_body(request))
             await gateway.dispatcher.handle(lp.session, msgs)
         except ProtocolError as exc:
-            return _error(exc)
+            return self._error(exc)
         return Response(status_code=202)
 
     async def poll(self, request: Request) -> Response:
@@ -85,7 +91,7 @@ class LongPollTransport:
                 raise ProtocolError(f"ack must be a frame number, got {raw[:24]!r}")
             ack = int(raw)
         except ProtocolError as exc:
-            return _error(exc)
+            return self._error(exc)
         s = lp.session
         engine = self.gateway.engine
         lp.last_seen = engine.clock()
@@ -201,7 +207,7 @@ def _frame_response(frame: bytes, number: int) -> Response:
     return Response(frame, media_type=_OCTETS, headers={FRAME_HEADER: str(number)})
 
 
-def _error(exc: ProtocolError) -> Response:
+def _error_response(exc: ProtocolError) -> Response:
     status = {
         ErrorCode.TOO_LARGE: 413,
         ErrorCode.NOT_AUTHORISED: 403,

@@ -54,6 +54,7 @@ class WebSocketTransport:
             s = conn.session
             if since and now - since > limit and s is not None:
                 log.info("session %s blocked for %.1fs: closing", s.id[:8], now - since)
+                self.gateway.engine.telemetry.closed_blocked += 1
                 await conn.abort(ErrorCode.SLOW_CONSUMER, "slow consumer", goodbye=True)
                 self.gateway.engine.end_session(s)
 
@@ -90,6 +91,7 @@ class WebSocketConnection:
             return
         aw = self._send({"type": "websocket.send", "bytes": frame})
         if not isinstance(aw, Coroutine):  # an ASGI server whose send is some other awaitable
+            engine.telemetry.blocked_writes += 1
             self.writing_since = engine.clock()
             self.writing = self._spawn(self._finish_write(_as_coroutine(aw), None, lease))
             return
@@ -104,6 +106,7 @@ class WebSocketConnection:
             engine.pool.release(lease)
             self.closed = True
             return
+        engine.telemetry.blocked_writes += 1
         self.writing_since = engine.clock()
         self.writing = self._spawn(self._finish_write(coro, yielded, lease))
 
@@ -139,7 +142,10 @@ class WebSocketConnection:
             self.writing = None
         now = engine.clock()
         pause = on_write_done(s, started, now, gateway.config.writer)
+        if now - started >= gateway.config.writer.blocked_after:
+            engine.telemetry.failed_sends += 1
         if pause:
+            engine.telemetry.penalty_seconds += pause
             engine.scheduler.hold(s, now + pause)
         if self.closed:
             engine.pool.release(lease)
@@ -204,6 +210,7 @@ class WebSocketConnection:
         msg = await asyncio.wait_for(self.ws.receive(), gateway.config.timing.heartbeat * 2)
         msgs = gateway.decode_client_frame(self._frame_bytes(msg))
         s, resumed = gateway.open_or_resume(msgs, user)
+        s.transport = "websocket"
         self.session = s
         await self.ws.send_bytes(gateway.welcome(s, resumed))
         gateway.engine.attach(s, self)
@@ -250,6 +257,7 @@ class WebSocketConnection:
     async def _goodbye(self, code: int, reason: str) -> None:
         """GOODBYE and close, after the frame being written (bad input from this client)."""
         self.closed = True
+        self.gateway.engine.telemetry.error("goodbye", code)
         writing = self.writing
         if writing is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):

@@ -1,9 +1,14 @@
-"""What every browser test shares: where Chromium is, how it is started, and the asyncio
-``browser`` fixture (in conftest.py) that the Playwright async tests use."""
+"""What every browser test shares: where Chromium is, how it is started, the ``chromium``
+fixture of the sync Playwright tests, and the asyncio ``browser`` fixture (in conftest.py) that
+the Playwright async tests use."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, sync_playwright
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -20,3 +25,16 @@ MISSING_CHROMIUM = (
     f"{CHROMIUM} is missing: the browser tests need Debian's chromium "
     "(apt-get install chromium; .ci/run does it)"
 )
+
+
+@pytest.fixture
+def chromium() -> Iterator[Browser]:
+    """A headless Chromium for one test (sync Playwright); import it into the test module."""
+    if not HAVE_CHROMIUM:
+        pytest.fail(MISSING_CHROMIUM, pytrace=False)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()

@@ -9,7 +9,13 @@ from playwright.async_api import Browser, Page, async_playwright
 from websockets.asyncio.server import serve
 from websockets.typing import Subprotocol
 
-from .browserkit import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, MISSING_CHROMIUM
+from .browserkit import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    HAVE_CHROMIUM,
+    MISSING_CHROMIUM,
+    chromium,  # noqa: F401 (the sync tests' fixture)
+)
 from .test_client_unit import FakeServer
 
 

@@ -17,30 +17,16 @@ import shutil
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page
 
-from .browserkit import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, MISSING_CHROMIUM
 from .test_browser import API_TOKEN, ROOT, Demo, DemoServer, free_port
 
 pytestmark = pytest.mark.browser
 
 WAIT_MS = 15_000
-
-
-@pytest.fixture
-def chromium() -> Iterator[Browser]:
-    if not HAVE_CHROMIUM:
-        pytest.fail(MISSING_CHROMIUM, pytrace=False)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def points(page: Page, chart: str) -> list[str]:
@@ -83,8 +69,8 @@ def test_the_ops_page_shows_the_demo_live(chromium: Browser, tmp_path: Path) -> 
         )
         # rates need two snapshots; the charts need a few seconds of them
         page.wait_for_function(
-            "document.querySelectorAll('[data-chart=\"throughput\"] polyline, "
-            "[data-chart=\"throughput\"] path').length > 0"
+            'document.querySelectorAll(\'[data-chart="throughput"] polyline, '
+            '[data-chart="throughput"] path\').length > 0'
         )
         time.sleep(3)
         first = points(page, "throughput")

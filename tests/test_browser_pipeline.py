@@ -36,11 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, ViewportSize, sync_playwright
+from playwright.sync_api import Browser, ViewportSize
 
 from example_app.pipeline import bars_query, catalog_job
 
-from .browserkit import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, MISSING_CHROMIUM
 from .test_browser import API_TOKEN, ROOT, Demo, DemoServer, free_port, stop_process
 
 pytestmark = pytest.mark.browser
@@ -209,18 +208,6 @@ def demo_page(chromium: Browser, tmp_path: Path) -> Iterator[Demo]:
             context.close()
     finally:
         server.stop()
-
-
-@pytest.fixture
-def chromium() -> Iterator[Browser]:
-    if not HAVE_CHROMIUM:
-        pytest.fail(MISSING_CHROMIUM, pytrace=False)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.mark.timeout(180)

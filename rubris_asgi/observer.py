@@ -23,7 +23,6 @@ from .engine import Engine
 from .errors import ErrorCode
 from .flow import current_interval
 from .session import Session
-from .telemetry import Histogram
 from .topics import SNAPSHOT
 from .transports.websocket import WebSocketConnection
 
@@ -274,13 +273,4 @@ def _user(user: Any) -> str | None:
     return str(user)[:64] if isinstance(user, (str, int)) else type(user).__name__
 
 
-def histogram_of(data: dict[str, Any]) -> Histogram:
-    """A snapshot's histogram (``as_dict``) back as a ``Histogram``."""
-    h = Histogram(tuple(data["bounds"]))
-    h.counts = list(data["counts"])
-    h.sum = float(data["sum"])
-    h.count = int(data["count"])
-    return h
-
-
-__all__ = ["MIN_AGE", "Observer", "histogram_of", "worker_id"]
+__all__ = ["MIN_AGE", "Observer", "worker_id"]

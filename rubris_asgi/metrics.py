@@ -41,48 +41,28 @@ if TYPE_CHECKING:
 
 Snapshot = dict[str, Any]
 
-# (metric, snapshot counter key, help): one plain counter each
+# (name, help): one plain counter each, rubris_{name}_total from the snapshot's counters[name]
 _COUNTERS = (
-    ("sessions_opened", "sessions_opened", "Sessions opened (a resume is not a new session)."),
-    ("sessions_resumed", "sessions_resumed", "Sessions resumed by a new connection."),
-    ("published_messages", "published_messages", "Messages published to shared topics."),
-    ("messages_delivered", "messages_delivered", "Messages put into frames, of every kind."),
-    ("frames", "frames", "Frames handed to transports."),
-    ("cycles", "cycles", "Scheduler cycles run."),
-    ("sent_bytes", "sent_bytes", "Bytes of frames handed to transports (after compression)."),
-    (
-        "compression_saved_bytes",
-        "compression_saved_bytes",
-        "Bytes not sent thanks to compressions that were kept.",
-    ),
-    ("gaps", "gaps", "GAP messages: ring subscribers lapped by their topic."),
-    (
-        "deferred_messages",
-        "deferred_messages",
-        "Messages that did not fit a full frame and waited for the next cycle.",
-    ),
-    (
-        "pool_exhausted",
-        "pool_exhausted",
-        "Frames not started because their size class had no lease free.",
-    ),
-    ("pool_refused", "pool_refused", "Messages refused as larger than the largest frame."),
-    ("blocked_writes", "blocked_writes", "Frames the socket could not take at once."),
-    (
-        "failed_sends",
-        "failed_sends",
-        "Blocked writes that took longer than blocked_after (each earns a penalty).",
-    ),
-    ("penalty_seconds", "penalty_seconds", "Seconds of penalty given to slow writers."),
-    ("naks_received", "naks_received", "NAK messages received from clients."),
-    ("flow_sent", "flow_sent", "FLOW messages sent to publishing sessions."),
-    ("intake_accepted", "intake_accepted", "Messages taken into the intake."),
-    ("intake_refused", "intake_refused", "Messages refused because the intake was full."),
-    (
-        "intake_conflated",
-        "intake_conflated",
-        "Snapshot values replaced in the intake before they reached their topic.",
-    ),
+    ("sessions_opened", "Sessions opened (a resume is not a new session)."),
+    ("sessions_resumed", "Sessions resumed by a new connection."),
+    ("published_messages", "Messages published to shared topics."),
+    ("messages_delivered", "Messages put into frames, of every kind."),
+    ("frames", "Frames handed to transports."),
+    ("cycles", "Scheduler cycles run."),
+    ("sent_bytes", "Bytes of frames handed to transports (after compression)."),
+    ("compression_saved_bytes", "Bytes not sent thanks to compressions that were kept."),
+    ("gaps", "GAP messages: ring subscribers lapped by their topic."),
+    ("deferred_messages", "Messages that did not fit a full frame and waited for the next cycle."),
+    ("pool_exhausted", "Frames not started because their size class had no lease free."),
+    ("pool_refused", "Messages refused as larger than the largest frame."),
+    ("blocked_writes", "Frames the socket could not take at once."),
+    ("failed_sends", "Blocked writes that took longer than blocked_after (each earns a penalty)."),
+    ("penalty_seconds", "Seconds of penalty given to slow writers."),
+    ("naks_received", "NAK messages received from clients."),
+    ("flow_sent", "FLOW messages sent to publishing sessions."),
+    ("intake_accepted", "Messages taken into the intake."),
+    ("intake_refused", "Messages refused because the intake was full."),
+    ("intake_conflated", "Snapshot values replaced in the intake before they reached their topic."),
 )
 
 _GAUGES = (
@@ -152,10 +132,10 @@ def families(snapshots: Iterable[Snapshot]) -> Iterator[Metric]:
             g.add_metric([s["worker"]], s["gauges"][name])
         yield g
 
-    for name, key, doc in _COUNTERS:
+    for name, doc in _COUNTERS:
         c = CounterMetricFamily(f"rubris_{name}", doc, labels=[w])
         for s in snaps:
-            c.add_metric([s["worker"]], s["counters"][key])
+            c.add_metric([s["worker"]], s["counters"][name])
         yield c
 
     c = CounterMetricFamily(

@@ -155,7 +155,7 @@ async def test_a_scripted_run_shows_in_the_metrics() -> None:
         assert value(m, "rubris_gaps_total") == 1
         assert value(m, "rubris_errors_total", kind="rejected", code="3") == 1
         assert value(m, "rubris_naks_received_total") == 1
-        assert value(m, "rubris_sessions_paced") in (0, 1)  # it recovers within ~0.5 s
+        assert value(m, "rubris_sessions_paced") in (0, 1)  # present; the NAK pacing ends in ~0.2 s
         # the stalled client
         assert value(m, "rubris_blocked_writes_total") >= 1
         assert value(m, "rubris_failed_sends_total") >= 1

@@ -1,4 +1,8 @@
-"""End to end: the Python client against a real uvicorn, over both transports."""
+"""End to end: the Python client against a real server, over both transports.
+
+The transport tests run on uvicorn, hypercorn and granian: rubris relies on no one server's
+internals (granian's send is a future completed on its own threads, not a coroutine).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from rubris_asgi.client import CallError, Client, SubscribeRejected
 from rubris_asgi.protocol import COMPRESSED, Kind, iter_messages
 
 from .apps import make_rubris, starlette_app
-from .server import run_server
+from .server import SERVERS, run_server
 
 TRANSPORTS = ["websocket", "longpoll"]
 
@@ -27,10 +31,11 @@ async def until(cond: Any, timeout: float = 5.0) -> None:
     raise AssertionError("condition not reached in time")
 
 
+@pytest.mark.parametrize("server", SERVERS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_snapshot_on_subscribe_then_live_updates(transport: str) -> None:
+async def test_snapshot_on_subscribe_then_live_updates(transport: str, server: str) -> None:
     rubris = make_rubris()
-    async with run_server(starlette_app(rubris)) as base:
+    async with run_server(starlette_app(rubris), server=server) as base:
         async with Client(base + "/rubris", transport=transport) as c:  # type: ignore[arg-type]
             sub = await c.subscribe("snap.AAPL")
             assert sub.mode == Mode.SNAPSHOT
@@ -47,10 +52,11 @@ async def test_snapshot_on_subscribe_then_live_updates(transport: str) -> None:
             assert rej.value.code == 3
 
 
+@pytest.mark.parametrize("server", SERVERS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_callbacks_see_every_ring_message_in_order(transport: str) -> None:
+async def test_callbacks_see_every_ring_message_in_order(transport: str, server: str) -> None:
     rubris = make_rubris()
-    async with run_server(starlette_app(rubris)) as base:
+    async with run_server(starlette_app(rubris), server=server) as base:
         async with Client(base + "/rubris", transport=transport) as c:  # type: ignore[arg-type]
             got: list[int] = []
             await c.subscribe("ring.t", lambda value, info: got.append(value))
@@ -61,10 +67,11 @@ async def test_callbacks_see_every_ring_message_in_order(transport: str) -> None
             assert got == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("server", SERVERS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_gap_after_lapping(transport: str) -> None:
+async def test_gap_after_lapping(transport: str, server: str) -> None:
     rubris = make_rubris()  # ring.* keeps 8
-    async with run_server(starlette_app(rubris)) as base:
+    async with run_server(starlette_app(rubris), server=server) as base:
         async with Client(base + "/rubris", transport=transport) as c:  # type: ignore[arg-type]
             sub = await c.subscribe("ring.fast")
             session = rubris.engine.sessions[c.session_id]  # type: ignore[index]
@@ -81,10 +88,11 @@ async def test_gap_after_lapping(transport: str) -> None:
             assert seqs == list(range(13, 21))
 
 
+@pytest.mark.parametrize("server", SERVERS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_rpc_results_errors_and_streams(transport: str) -> None:
+async def test_rpc_results_errors_and_streams(transport: str, server: str) -> None:
     rubris = make_rubris()
-    async with run_server(starlette_app(rubris)) as base:
+    async with run_server(starlette_app(rubris), server=server) as base:
         async with Client(base + "/rubris", transport=transport) as c:  # type: ignore[arg-type]
             assert await c.call("echo", {"a": [1, 2]}) == {"a": [1, 2]}
             with pytest.raises(CallError) as err:
@@ -96,10 +104,11 @@ async def test_rpc_results_errors_and_streams(transport: str) -> None:
             assert [x async for x in c.stream("count", 5)] == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("server", SERVERS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_compressed_on_the_wire(transport: str) -> None:
+async def test_compressed_on_the_wire(transport: str, server: str) -> None:
     rubris = make_rubris()  # compress_at=256
-    async with run_server(starlette_app(rubris)) as base:
+    async with run_server(starlette_app(rubris), server=server) as base:
         client = Client(base + "/rubris", transport=transport, record=True)  # type: ignore[arg-type]
         async with client as c:
             sub = await c.subscribe("snap.book")
@@ -124,10 +133,11 @@ async def test_compressed_on_the_wire(transport: str) -> None:
             assert c.stats.bytes_saved > 0
 
 
+@pytest.mark.parametrize("server", SERVERS)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_private_lossless_across_a_forced_disconnect(transport: str) -> None:
+async def test_private_lossless_across_a_forced_disconnect(transport: str, server: str) -> None:
     rubris = make_rubris()
-    async with run_server(starlette_app(rubris)) as base:
+    async with run_server(starlette_app(rubris), server=server) as base:
         received: list[int] = []
         async with Client(
             base + "/rubris",
@@ -180,10 +190,11 @@ async def test_mounted_in_fastapi_under_any_path() -> None:
             assert await c.call("echo", 8) == 8
 
 
-async def test_clean_shutdown_sends_goodbye_and_leaves_no_task() -> None:
+@pytest.mark.parametrize("server", SERVERS)
+async def test_clean_shutdown_sends_goodbye_and_leaves_no_task(server: str) -> None:
     before = set(asyncio.all_tasks())
     rubris = make_rubris(timing=Timing(poll_timeout=1.0, session_timeout=5.0, shutdown_drain=2))
-    async with run_server(starlette_app(rubris)) as base:
+    async with run_server(starlette_app(rubris), server=server) as base:
         c = Client(base + "/rubris", reconnect=False)
         await c.connect()
         await c.subscribe("snap.x")

@@ -3,21 +3,24 @@
 Writing without awaiting: the scheduler hands a frame to ``send_frame`` and moves on. The ASGI
 ``send`` coroutine is driven by hand: with room in the socket buffer the server writes at once and
 the coroutine finishes on its first step, with no task, future or wake-up per frame (these add
-up to most of the per-frame cost and feed the garbage collector). Only when the socket is full
-does the coroutine suspend; that is the *blocked write* of the large-messages source document,
-and only then is a task started to finish it. Until the write completes the session is not
-READY, so a slow socket holds back its own session and nothing else. A write that takes longer
-than ``blocked_after`` earns the progressive penalty (flow.py); one still stuck after
-``max_blocked`` ends the session with GOODBYE 7 (:meth:`WebSocketTransport.close_blocked`, run
-by the app's housekeeping).
+up to most of the per-frame cost and feed the garbage collector). When the send suspends,
+done-callbacks step it to its end as a Task would, without a task: under uvicorn or hypercorn
+that happens when the socket is full, the *blocked write* of the large-messages source document;
+under granian every write completes later, on its Rust threads. Until the write completes the
+session is not READY, so a slow socket holds back its own session and nothing else. A write that
+takes longer than ``blocked_after`` earns the progressive penalty (flow.py); one still stuck
+after ``max_blocked`` ends the session with GOODBYE 7 (:meth:`WebSocketTransport.close_blocked`,
+run by the app's housekeeping).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Awaitable, Coroutine
+from asyncio import Future
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -75,8 +78,9 @@ class WebSocketConnection:
         self.ws = WebSocket(scope, receive, send)
         self._send = send  # the raw ASGI send: frames skip Starlette's per-call state checks
         self.session: Session | None = None
-        self.writing: asyncio.Task[None] | None = None
-        """The task finishing a blocked write, if one is under way."""
+        self.writing: Future[None] | None = None
+        """Resolved when the write under way ends, if one did not finish at once; cancel it
+        to give the write up (its lease comes back)."""
         self.writing_since = 0.0
         self.closed = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -90,14 +94,12 @@ class WebSocketConnection:
             engine.pool.release(lease)
             return
         aw = self._send({"type": "websocket.send", "bytes": frame})
-        if not isinstance(aw, Coroutine):  # an ASGI server whose send is some other awaitable
-            engine.telemetry.blocked_writes += 1
-            self.writing_since = engine.clock()
-            self.writing = self._spawn(self._finish_write(_as_coroutine(aw), None, lease))
-            return
-        coro = aw
+        if isinstance(aw, Coroutine):
+            advance: Callable[[], Any] = functools.partial(aw.send, None)
+        else:  # a server whose send is a future (granian), or another awaitable
+            advance = aw.__await__().__next__
         try:
-            yielded = coro.send(None)
+            pending = advance()
         except StopIteration:
             engine.frame_done(s, lease)  # written at once: the common case
             self._after_write(s)
@@ -106,43 +108,56 @@ class WebSocketConnection:
             engine.pool.release(lease)
             self.closed = True
             return
-        engine.telemetry.blocked_writes += 1
+        # not written yet: done-callbacks carry the send to its end, as a Task would, but
+        # without a task and its wake-ups (under granian, whose writes all complete on its
+        # own threads, that is every frame)
+        if isinstance(pending, asyncio.Future):
+            # the server waits on its own loop: its socket buffer is full
+            engine.telemetry.blocked_writes += 1
         self.writing_since = engine.clock()
-        self.writing = self._spawn(self._finish_write(coro, yielded, lease))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.writing = done
+        done.add_done_callback(functools.partial(self._write_ended, aw, lease))
+        self._wait_on(pending, advance, done)
 
-    async def _finish_write(
-        self, coro: Coroutine[Any, Any, None], yielded: Any, lease: FrameBuffer
-    ) -> None:
-        """Carry a suspended ASGI send to its end, as a Task would, then account for it."""
-        gateway = self.gateway
-        engine = gateway.engine
-        s = self.session
-        assert s is not None
-        started = self.writing_since
+    def _wait_on(self, pending: Any, advance: Callable[[], Any], done: Future[None]) -> None:
+        step = functools.partial(self._step, advance, done)
+        if pending is None:  # a bare yield (asyncio.sleep(0)): step again soon
+            asyncio.get_running_loop().call_soon(step, None)
+        else:
+            pending.add_done_callback(step)
+
+    def _step(self, advance: Callable[[], Any], done: Future[None], _: Any) -> None:
+        if done.done():  # cancelled meanwhile (the connection ended)
+            return
         try:
-            while True:
-                if yielded is None:  # a bare yield: asyncio.sleep(0) inside the server
-                    await asyncio.sleep(0)
-                else:
-                    yielded._asyncio_future_blocking = False
-                    await asyncio.wait((yielded,))
-                yielded = coro.send(None)
+            pending = advance()
         except StopIteration:
-            pass
-        except asyncio.CancelledError:
-            coro.close()
-            engine.pool.release(lease)
-            raise
-        except Exception:
+            done.set_result(None)
+        except Exception as exc:
+            done.set_exception(exc)
+        else:
+            self._wait_on(pending, advance, done)
+
+    def _write_ended(self, aw: Any, lease: FrameBuffer, done: Future[None]) -> None:
+        """A write that did not finish at once has ended: written, failed or cancelled."""
+        engine = self.gateway.engine
+        started = self.writing_since
+        self.writing_since = 0.0
+        if self.writing is done:
+            self.writing = None
+        if done.cancelled() or done.exception() is not None:
+            if done.cancelled() and isinstance(aw, Coroutine):
+                aw.close()  # the server's send coroutine ends where it waited
             engine.pool.release(lease)
             self.closed = True
             return
-        finally:
-            self.writing_since = 0.0
-            self.writing = None
+        s = self.session
+        assert s is not None
         now = engine.clock()
-        pause = on_write_done(s, started, now, gateway.config.writer)
-        if now - started >= gateway.config.writer.blocked_after:
+        writer = self.gateway.config.writer
+        pause = on_write_done(s, started, now, writer)
+        if now - started >= writer.blocked_after:
             engine.telemetry.failed_sends += 1
         if pause:
             engine.telemetry.penalty_seconds += pause
@@ -290,7 +305,3 @@ class WebSocketConnection:
             self._spawn(self._goodbye(code, reason))
         else:
             self._spawn(self._close_socket(CLOSE_CODES.get(code, 1013), reason))
-
-
-async def _as_coroutine(aw: Awaitable[None]) -> None:
-    await aw

@@ -18,6 +18,7 @@ from .errors import (
     RubrisError,
     SessionClosed,
 )
+from .middleware import RubrisMiddleware
 from .protocol import Codec, Mode
 from .serving import Server, serve
 from .session import Session
@@ -42,6 +43,7 @@ __all__ = [
     "Reject",
     "Rubris",
     "RubrisError",
+    "RubrisMiddleware",
     "Server",
     "Session",
     "SessionClosed",

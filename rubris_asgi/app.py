@@ -11,8 +11,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import logging
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -53,6 +56,7 @@ from .workers import stats_dir as _stats_dir
 log = logging.getLogger("rubris_asgi")
 
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 QUEUE_TICK = 0.005
 """Seconds between server-side CoDel checks: well under CoDel's interval / sqrt(count) steps."""
@@ -181,6 +185,9 @@ class Rubris:
         self.engine.on_session_end = self._session_ended
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
+        """The running loop's thread while started: calls from any other go through the loop."""
         self.started = False
         self.draining = False
         self.api = HttpApi(
@@ -305,8 +312,15 @@ class Rubris:
         """Publish to a shared topic; O(1), never blocks; returns the message's seq.
 
         Raises ``ProtocolError`` (code 3) when no shared channel matches ``name`` and
-        ``MessageTooLarge`` over the writer pool's maximum.
+        ``MessageTooLarge`` over the writer pool's maximum. Safe from any thread: called from
+        one that is not the server's event loop (a Django sync view), it hands the call to the
+        loop and waits for it (``_from_thread``).
         """
+        if self._thread and self._thread != threading.get_ident():
+            return self._from_thread(self._publish, name, value)
+        return self._publish(name, value)
+
+    def _publish(self, name: str, value: Any) -> int:
         t = self.engine.topics.get(name)
         if t is None:
             found = self.registry.match(name)
@@ -343,7 +357,11 @@ class Rubris:
         queue has seen is the same work: the batch item of the first is the one that ends.
         Raises ``QueueFull`` at the queue's ``max_length``, ``ProtocolError`` (code 3) when no
         queue channel matches ``name`` and ``MessageTooLarge`` over the writer pool's maximum.
+        Safe from any thread, as ``publish``.
         """
+        if self._thread and self._thread != threading.get_ident():
+            call = functools.partial(self.enqueue, name, value, id=id, batch_item=batch_item)
+            return self._from_thread(call)
         if batch_item is not None:
             self._batch_item(batch_item)
         return self.engine.enqueue(self._queue(name), value, id, batch_item)
@@ -360,6 +378,7 @@ class Rubris:
 
         A ``batch_item`` must name an item of a known batch (``UnknownBatch``,
         ``ItemOutOfRange`` otherwise)."""
+        self._on_loop("put")
         q = self._queue(name)
         if batch_item is not None:
             await self.batches.check([self._batch_item(batch_item)])
@@ -390,7 +409,11 @@ class Rubris:
         return self.engine.queues[name].snapshot()
 
     def send_nowait(self, session: Session, name: str, value: Any) -> int:
-        """Queue a private message; raises ``QueueFull`` when the queue is at capacity."""
+        """Queue a private message; raises ``QueueFull`` when the queue is at capacity.
+
+        Safe from any thread, as ``publish``."""
+        if self._thread and self._thread != threading.get_ident():
+            return self._from_thread(self.send_nowait, session, name, value)
         return self.engine.send_nowait(session, self.engine.private_for(session, name), value)
 
     async def send(self, session: Session, name: str, value: Any) -> int:
@@ -398,6 +421,7 @@ class Rubris:
 
         Raises ``SessionClosed`` if the session ends while waiting.
         """
+        self._on_loop("send")
         q = self.engine.private_for(session, name)
         while True:
             try:
@@ -407,6 +431,50 @@ class Rubris:
             await _room(q.waiters)
             if session.state is SessionState.CLOSED:
                 raise SessionClosed(f"session {session.id[:8]}… has ended")
+
+    def _from_thread(self, fn: Callable[..., R], *args: Any) -> R:
+        """Run ``fn(*args)`` on the server's event loop and wait for its result or exception.
+
+        Every engine structure belongs to that loop's thread; a call from another thread is
+        handed over with ``call_soon_threadsafe`` and the caller waits, so calls from one
+        thread keep their order, and what the call returns or raises (a seq, ``QueueFull``,
+        an unknown topic) reaches the caller. It costs a round trip through the loop (tens of
+        microseconds): for bulk publishing from another process use the HTTP API.
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise RuntimeError("rubris is not running: start it before calling it from a thread")
+        done: concurrent.futures.Future[R] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not done.set_running_or_notify_cancel():
+                return
+            try:
+                done.set_result(fn(*args))
+            except BaseException as exc:  # handed to the calling thread, which raises it
+                done.set_exception(exc)
+
+        loop.call_soon_threadsafe(run)
+        while True:
+            try:
+                return done.result(timeout=1.0)
+            except concurrent.futures.TimeoutError:
+                # a busy loop is waited for; a stopped one would never answer
+                if loop.is_closed() or not loop.is_running():
+                    done.cancel()
+                    raise RuntimeError(
+                        "the server's event loop stopped before taking the call"
+                    ) from None
+
+    def _on_loop(self, what: str) -> None:
+        """Refuse an async call made from another event loop than the server's: the engine's
+        waiters would be woken on the wrong loop."""
+        loop = self._loop
+        if loop is not None and asyncio.get_running_loop() is not loop:
+            raise RuntimeError(
+                f"rubris.{what} must be awaited on the server's event loop; from other threads "
+                "use publish, enqueue or send_nowait (thread-safe)"
+            )
 
     def has_subscribers(self, name: str) -> bool:
         """Whether any session subscribes to the shared topic ``name`` (to skip costly work)."""
@@ -504,6 +572,8 @@ class Rubris:
             return
         self.registry.freeze()
         loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._thread = threading.get_ident()
         self._wake = asyncio.Event()
         self.engine.scheduler.wake = self._wake.set
         self.draining = False
@@ -564,6 +634,8 @@ class Rubris:
                 await asyncio.wait_for(self._batches.flush(), self.config.timing.shutdown_drain)
             await self._batches.store.close()
         self.engine.scheduler.wake = lambda: None
+        self._loop = None
+        self._thread = 0
 
     def _draining(self, s: Session) -> bool:
         """Whether shutdown should still wait for ``s`` to take its last frames."""

@@ -13,6 +13,7 @@ and a connection whose peer stopped reading (which uvicorn would wait for foreve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Iterable
 from typing import Any
@@ -66,4 +67,6 @@ def serve(
     """
     uvicorn_options.setdefault("ws_per_message_deflate", False)
     config = uvicorn.Config(app, host=host, port=port, **uvicorn_options)
-    Server(config, rubris).run()
+    # uvicorn re-raises the Ctrl-C it handled gracefully; the shutdown is over by then
+    with contextlib.suppress(KeyboardInterrupt):
+        Server(config, rubris).run()

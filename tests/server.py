@@ -16,7 +16,6 @@ from typing import Any
 
 import uvicorn
 
-
 SERVERS = ["uvicorn", "hypercorn", "granian"]
 
 

@@ -94,12 +94,12 @@ class WebSocketConnection:
             engine.pool.release(lease)
             return
         aw = self._send({"type": "websocket.send", "bytes": frame})
-        if isinstance(aw, Coroutine):
-            advance: Callable[[], Any] = functools.partial(aw.send, None)
-        else:  # a server whose send is a future (granian), or another awaitable
-            advance = aw.__await__().__next__
+        coro = isinstance(aw, Coroutine)
+        # a coroutine steps with send(None); a server whose send is a future (granian), or
+        # another awaitable, through its __await__ iterator
+        it: Any = aw if coro else aw.__await__()
         try:
-            pending = advance()
+            pending = it.send(None) if coro else next(it)
         except StopIteration:
             engine.frame_done(s, lease)  # written at once: the common case
             self._after_write(s)
@@ -118,6 +118,7 @@ class WebSocketConnection:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.writing = done
         done.add_done_callback(functools.partial(self._write_ended, aw, lease))
+        advance = functools.partial(it.send, None) if coro else it.__next__
         self._wait_on(pending, advance, done)
 
     def _wait_on(self, pending: Any, advance: Callable[[], Any], done: Future[None]) -> None:

@@ -113,6 +113,9 @@ class Engine:
             raise ProtocolError("too many sessions on this server", ErrorCode.TOO_MANY)
         sid = secrets.token_urlsafe(16)
         s = Session(sid, f"{sid}.{secrets.token_urlsafe(16)}", user, owner)
+        # detached until its transport attaches it, after WELCOME is written: the session
+        # timeout counts from now, not from 0 (a slow WELCOME write must not expire it)
+        s.detached_at = self.clock()
         self.sessions[sid] = s
         self.telemetry.sessions_opened += 1
         return s

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from rubris_asgi import Config, FlowConfig, Rubris, WriterConfig
+from rubris_asgi import Config, FlowConfig, Rubris, Timing, WriterConfig
 from rubris_asgi.engine import Engine
 from rubris_asgi.flow import current_interval, nak_strength, on_nak, on_write_done
-from rubris_asgi.protocol import Mode, Nak, Push, decode_frame
+from rubris_asgi.protocol import Hello, Mode, Nak, Push, decode_frame
 from rubris_asgi.session import Session
 from rubris_asgi.transports.websocket import WebSocketConnection
 
@@ -319,3 +319,26 @@ async def test_nak_from_the_wire_reaches_the_session() -> None:
     s = rubris.engine.open_session()
     await rubris.dispatcher.handle(s, [Nak(100)])
     assert s.nak_interval == pytest.approx(0.080) and s.nak_fill == 100
+
+
+def test_a_session_is_not_expired_while_its_welcome_is_being_written() -> None:
+    """A new session is detached until its transport attaches it, after WELCOME is written;
+    under granian that write always completes later. The session timeout counts from the
+    HELLO, not from the clock's zero; a resume restarts it the same way."""
+    clock = FakeClock()
+    clock.advance(1000.0)
+    rubris = Rubris(Config(timing=Timing(session_timeout=5.0)), clock=clock)
+    e = rubris.engine
+    s, resumed = rubris.gateway.open_or_resume([Hello(1, "")], None)
+    assert not resumed and e.expire() == []
+    clock.advance(4.9)
+    assert e.expire() == []
+    clock.advance(0.2)
+    assert e.expire() == [s]  # never attached: it times out like any detached session
+
+    s = e.open_session()
+    clock.advance(4.9)  # detached for most of the timeout, then the client comes back
+    again, resumed = rubris.gateway.open_or_resume([Hello(1, s.resume_token)], None)
+    assert again is s and resumed
+    clock.advance(4.9)
+    assert e.expire() == []

@@ -129,6 +129,8 @@ class Gateway:
                 if old is not None:
                     old.superseded()
                     engine.detach(s)
+                else:  # back now: the timeout counts again until it is attached
+                    s.detached_at = engine.clock()
                 engine.telemetry.sessions_resumed += 1
                 return s, True
         return engine.open_session(user, key), False

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from asyncio import Future
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -78,12 +77,21 @@ class WebSocketConnection:
         self.ws = WebSocket(scope, receive, send)
         self._send = send  # the raw ASGI send: frames skip Starlette's per-call state checks
         self.session: Session | None = None
-        self.writing: Future[None] | None = None
-        """Resolved when the write under way ends, if one did not finish at once; cancel it
-        to give the write up (its lease comes back)."""
         self.writing_since = 0.0
+        """When the write under way began, if one did not finish at once; else 0."""
         self.closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        # the write under way, if it did not finish at once: the send being stepped (a
+        # coroutine, or a future's __await__ iterator), its lease, what it waits on, and a
+        # future for whoever awaits the end (made only when asked: ``writing``). Kept here,
+        # not in per-write objects: under granian every write is under way for a while, a
+        # thousand of them at once outlive young garbage collections and make old ones costly
+        self._w_send: Any = None
+        self._w_coro = False
+        self._w_lease: FrameBuffer | None = None
+        self._w_pending: Any = None
+        self._w_done: Future[None] | None = None
+        self._resume_cb = self._resume_write  # one bound method for every callback
 
     # FrameSink: called from inside the scheduler's cycle, so it must never raise or await
 
@@ -108,48 +116,57 @@ class WebSocketConnection:
             engine.pool.release(lease)
             self.closed = True
             return
-        # not written yet: done-callbacks carry the send to its end, as a Task would, but
-        # without a task and its wake-ups (under granian, whose writes all complete on its
-        # own threads, that is every frame)
+        # not written yet: callbacks carry the send to its end, as a Task would, without one
         if isinstance(pending, asyncio.Future):
             # the server waits on its own loop: its socket buffer is full
             engine.telemetry.blocked_writes += 1
         self.writing_since = engine.clock()
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.writing = done
-        done.add_done_callback(functools.partial(self._write_ended, aw, lease))
-        advance = functools.partial(it.send, None) if coro else it.__next__
-        self._wait_on(pending, advance, done)
+        self._w_send = it
+        self._w_coro = coro
+        self._w_lease = lease
+        self._wait_on(pending)
 
-    def _wait_on(self, pending: Any, advance: Callable[[], Any], done: Future[None]) -> None:
-        step = functools.partial(self._step, advance, done)
+    @property
+    def writing(self) -> Future[None] | None:
+        """None, or a future resolved when the write under way ends (made when asked)."""
+        if self._w_lease is None:
+            return None
+        if self._w_done is None:
+            self._w_done = asyncio.get_running_loop().create_future()
+        return self._w_done
+
+    def _wait_on(self, pending: Any) -> None:
+        self._w_pending = pending
         if pending is None:  # a bare yield (asyncio.sleep(0)): step again soon
-            asyncio.get_running_loop().call_soon(step, None)
+            asyncio.get_running_loop().call_soon(self._resume_cb, None)
         else:
-            pending.add_done_callback(step)
+            pending.add_done_callback(self._resume_cb)
 
-    def _step(self, advance: Callable[[], Any], done: Future[None], _: Any) -> None:
-        if done.done():  # cancelled meanwhile (the connection ended)
-            return
+    def _resume_write(self, fut: Any) -> None:
+        if fut is not self._w_pending or self._w_lease is None:
+            return  # a write given up (the connection ended)
+        it = self._w_send
         try:
-            pending = advance()
+            pending = it.send(None) if self._w_coro else next(it)
         except StopIteration:
-            done.set_result(None)
-        except Exception as exc:
-            done.set_exception(exc)
+            self._write_ended(True)
+        except Exception:
+            self._write_ended(False)
         else:
-            self._wait_on(pending, advance, done)
+            self._wait_on(pending)
 
-    def _write_ended(self, aw: Any, lease: FrameBuffer, done: Future[None]) -> None:
-        """A write that did not finish at once has ended: written, failed or cancelled."""
+    def _write_ended(self, ok: bool) -> None:
+        """The write under way has ended: written, failed, or given up (``ok`` False)."""
         engine = self.gateway.engine
+        lease = self._w_lease
+        assert lease is not None
         started = self.writing_since
         self.writing_since = 0.0
-        if self.writing is done:
-            self.writing = None
-        if done.cancelled() or done.exception() is not None:
-            if done.cancelled() and isinstance(aw, Coroutine):
-                aw.close()  # the server's send coroutine ends where it waited
+        self._w_send = self._w_pending = self._w_lease = None
+        done, self._w_done = self._w_done, None
+        if done is not None and not done.done():
+            done.set_result(None)
+        if not ok:
             engine.pool.release(lease)
             self.closed = True
             return
@@ -168,6 +185,16 @@ class WebSocketConnection:
             return
         engine.frame_done(s, lease)
         self._after_write(s)
+
+    def _give_up_write(self) -> None:
+        """Stop carrying the write under way (the connection is ending); its lease returns."""
+        if self._w_lease is None:
+            return
+        send, coro = self._w_send, self._w_coro
+        self._write_ended(False)
+        if coro:
+            with contextlib.suppress(Exception):
+                send.close()  # the server's send coroutine ends where it waited
 
     def _after_write(self, s: Session) -> None:
         if s.state is SessionState.CLOSING and not s.has_work():
@@ -208,9 +235,7 @@ class WebSocketConnection:
         finally:
             self.closed = True
             self.transport.connections.discard(self)
-            writing = self.writing
-            if writing is not None:
-                writing.cancel()
+            self._give_up_write()
             for task in list(self._tasks):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
@@ -266,8 +291,7 @@ class WebSocketConnection:
     def superseded(self) -> None:
         """A newer connection resumed this session: this one stops carrying it."""
         self.closed = True
-        if self.writing is not None:
-            self.writing.cancel()
+        self._give_up_write()
         self._spawn(self._close_socket(1000, "resumed elsewhere"))
 
     async def _goodbye(self, code: int, reason: str) -> None:
@@ -300,8 +324,7 @@ class WebSocketConnection:
         if self.closed:
             return  # already closing: its GOODBYE, if any, is on its way
         self.closed = True
-        if self.writing is not None:
-            self.writing.cancel()
+        self._give_up_write()
         if goodbye:
             self._spawn(self._goodbye(code, reason))
         else:

@@ -44,7 +44,7 @@ from .observer import Observer
 from .ops import OpsPage
 from .protocol import Codec, Mode
 from .queues import QueueSettings, QueueStats, QueueTopic
-from .scheduler import CycleStats
+from .scheduler import CycleStats, Scheduler
 from .session import Session, SessionState
 from .topic_api import TopicApi
 from .transports.gateway import Authenticate, Gateway
@@ -60,6 +60,12 @@ R = TypeVar("R")
 
 QUEUE_TICK = 0.005
 """Seconds between server-side CoDel checks: well under CoDel's interval / sqrt(count) steps."""
+SETTLE = 0.002
+"""At most this long a paused cycle waits for its asynchronous writes (``_settle``)."""
+
+
+def _noop() -> None:
+    return None
 
 
 async def _room(waiters: deque[Callable[[], None]]) -> None:
@@ -656,8 +662,11 @@ class Rubris:
                     sched.run_cycle()
                 except Exception:  # a bug must not silently stop all delivery
                     log.exception("scheduler cycle failed")
-                # let transports write and handlers publish before the next cycle
-                await asyncio.sleep(0)
+                if sched.paused:
+                    await self._settle(sched)
+                else:
+                    # let transports write and handlers publish before the next cycle
+                    await asyncio.sleep(0)
                 continue
             wake.clear()
             sched.idle = True
@@ -671,6 +680,25 @@ class Rubris:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout)
             sched.idle = False
+
+    async def _settle(self, sched: Scheduler) -> None:
+        """A cycle paused with ``async_window`` writes out on the server's threads (granian):
+        wait, the loop idle, until half are done (at most ``SETTLE`` s), then go on."""
+        if sched.writes_out > sched.async_window // 2:
+            settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def wake() -> None:
+                if not settled.done():
+                    settled.set_result(None)
+
+            sched.settled = wake
+            try:
+                await asyncio.wait_for(settled, SETTLE)
+            except asyncio.TimeoutError:
+                pass  # slow clients' writes: they hold up this slice only
+            finally:
+                sched.settled = _noop
+        sched.next_slice()
 
     async def _queue_ticks(self) -> None:
         # server-side CoDel and round-trip probes: every QUEUE_TICK while there are consumers

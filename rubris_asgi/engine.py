@@ -84,6 +84,7 @@ class Engine:
         self.compression = Compression(compressor)
         self.telemetry = Telemetry()
         self.scheduler = Scheduler(self.pool, clock, self.config.flow, self.telemetry)
+        self.scheduler.async_window = self.config.writer.async_window
         self.topics: dict[str, SharedTopic] = {}
         self.queues: dict[str, QueueTopic] = {}
         self.sessions: dict[str, Session] = {}

@@ -95,6 +95,16 @@ class Scheduler:
         self.idle = False
         self.intake: Intake | None = None
         """Publishes from outside the process, drained at the start of each cycle."""
+        # the asynchronous-write window (WriterConfig.async_window): writes handed to a
+        # server that completes them on its own threads, counted per slice of a cycle
+        self.async_window = 32
+        self.writes_out = 0
+        """Asynchronous writes of the current slice not yet done."""
+        self.slice = 0
+        self.paused = False
+        """The last cycle stopped early with ``async_window`` writes out: let them settle."""
+        self.settled: Callable[[], None] = _noop
+        """Set by the async runner while it waits for a paused cycle's writes."""
 
     # notifications (O(1), coalesced)
 
@@ -135,6 +145,25 @@ class Scheduler:
         if not s.held:
             s.held = True
             heapq.heappush(self.timers, (s.hold_until, next(self._tie), s))
+
+    def write_started(self) -> int:
+        """A transport's write completes later, on the server's threads; returns its slice."""
+        self.writes_out += 1
+        return self.slice
+
+    def write_settled(self, slice_: int) -> None:
+        """That write has ended. Writes of older slices no longer count: a stuck one (a slow
+        client) holds up at most the slice it was handed over in."""
+        if slice_ == self.slice:
+            self.writes_out -= 1
+            if self.paused and self.writes_out <= self.async_window // 2:
+                self.settled()
+
+    def next_slice(self) -> None:
+        """The paused cycle goes on: a new slice, counting from zero."""
+        self.paused = False
+        self.slice += 1
+        self.writes_out = 0
 
     def has_work(self) -> bool:
         return bool(
@@ -188,7 +217,9 @@ class Scheduler:
         self.clients = []
         probes = self._probes(clients) if clients else None
         frames = 0
-        for s in clients:
+        window = self.async_window
+        rest = iter(clients)
+        for s in rest:
             s.queued = False
             if not s.ready or s.state is SessionState.CLOSED:
                 continue  # the transport re-queues it when it can take a frame
@@ -201,6 +232,14 @@ class Scheduler:
                     pause = current_interval(s, now, self.flow)
                     if pause:
                         self.hold(s, now + pause)
+                if self.writes_out >= window:
+                    # the server's threads have a window of writes: pause the cycle until
+                    # they settle; the sessions not reached go first next time (still queued)
+                    left = list(rest)
+                    if left:
+                        self.clients = left + self.clients
+                        self.paused = True
+                    break
         stats.frames += frames
         end = self.clock()
         self.telemetry.cycle.observe(end - now)

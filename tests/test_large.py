@@ -140,6 +140,26 @@ async def test_a_large_message_does_not_hold_small_ones_back_on_the_wire() -> No
             assert sorted(n for f in sizes for n in f) == [2, 2, 200 * KIB]
 
 
+def stalled(rubris: Rubris) -> str:
+    """The server's side of a delivery that stopped: what each unfinished session waits on."""
+    e = rubris.engine
+    lines = [
+        f"{e.pool!r}; scheduler clients {len(e.scheduler.clients)}, timers "
+        f"{len(e.scheduler.timers)}, paused {e.scheduler.paused}"
+    ]
+    now = e.clock()
+    for s in list(e.sessions.values()):
+        if not s.has_work():
+            continue
+        since = getattr(s.sink, "writing_since", 0.0)
+        writing = now - since if since else 0.0
+        lines.append(
+            f"{s.id[:6]} {s.state.name} ready={s.ready} queued={s.queued} held={s.held} "
+            f"hold={s.hold_until - now:+.3f} writing={writing:.3f}s pending={len(s.pending)}"
+        )
+    return "\n".join(lines)
+
+
 async def test_many_clients_receiving_1_mib_messages_keep_memory_bounded() -> None:
     """50 subscribers (in a process of their own) receive 1 MiB messages published back to
     back; the server's memory peak is a fraction of what it delivers, and every lease comes
@@ -176,6 +196,7 @@ async def test_many_clients_receiving_1_mib_messages_keep_memory_bounded() -> No
                 _, peak = tracemalloc.get_traced_memory()
             finally:
                 tracemalloc.stop()
+            assert line.strip(), stalled(rubris)  # the clients gave up: say what was stuck
             got = json.loads(line)
             assert got == [[hashlib.sha256(p).hexdigest() for p in payloads]] * clients
             assert await asyncio.wait_for(proc.wait(), 10) == 0

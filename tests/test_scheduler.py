@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import orjson
 import pytest
 
 from rubris_asgi.buffers import PoolConfig
-from rubris_asgi.config import Config
+from rubris_asgi.config import Config, WriterConfig
 from rubris_asgi.engine import Engine
 from rubris_asgi.errors import MessageTooLarge, QueueFull
 from rubris_asgi.protocol import Ack, Gap, Mode, Push, Subscribed
@@ -429,3 +432,103 @@ def test_compressed_once_when_it_halves_the_payload() -> None:
     push = [m for m in sink.take()[0] if isinstance(m, Push)][0]
     assert push.compressed
     assert e.compression.stats.kept == 1
+
+
+@dataclass
+class ThreadedSink(RecordingSink):
+    """A server that completes writes on its own threads (granian): each write is out until
+    ``complete`` (not written at once, not blocked either)."""
+
+    slices: list[int] = field(default_factory=list)
+
+    def send_frame(self, frame: bytes, lease: Any) -> None:
+        self.frames.append(frame)
+        self.held.append(lease)
+        self.slices.append(self.engine.scheduler.write_started())
+
+    def complete(self) -> None:
+        for lease, slice_ in zip(self.held, self.slices, strict=True):
+            self.engine.frame_done(self.session, lease)
+            self.engine.scheduler.write_settled(slice_)
+        self.held.clear()
+        self.slices.clear()
+
+
+def threaded(engine: Engine) -> tuple[Any, ThreadedSink]:
+    s = engine.open_session()
+    sink = ThreadedSink(engine, s, auto=False)
+    engine.attach(s, sink)
+    return s, sink
+
+
+def test_a_cycle_pauses_after_the_async_window_and_goes_on_in_order() -> None:
+    """With writes completed on the server's threads, a cycle hands out ``async_window`` of
+    them, then pauses; the sessions not reached go first once half the window is done, and
+    every session still gets the message exactly once (the same cycle's message)."""
+    engine = Engine(Config(writer=WriterConfig(async_window=4)), clock=FakeClock())
+    sched = engine.scheduler
+    woken: list[int] = []
+    sched.settled = lambda: woken.append(sched.writes_out)
+    t = engine.topic("t", Mode.RING)
+    sinks = []
+    for _ in range(10):
+        s, sink = threaded(engine)
+        engine.subscribe(s, t, 1, 0, 0)
+        sinks.append(sink)
+    sched.run_cycle()  # SUBSCRIBED replies: 4 sessions, then the pause
+    assert sched.paused and sched.writes_out == 4
+    assert [len(k.frames) for k in sinks] == [1] * 4 + [0] * 6
+    sinks[0].complete()
+    sinks[1].complete()
+    assert woken == [2]  # half the window done: the runner is woken
+    sched.next_slice()
+    sched.run_cycle()
+    assert [len(k.frames) for k in sinks] == [1] * 8 + [0] * 2  # the next ones, in order
+    for k in sinks[2:8]:
+        k.complete()
+    sched.next_slice()
+    sched.run_cycle()
+    assert [len(k.frames) for k in sinks] == [1] * 10 and not sched.paused
+    for k in sinks:
+        k.complete()
+        k.frames.clear()
+    engine.publish(t, "x")
+    while True:
+        sched.run_cycle()
+        for k in sinks:
+            k.complete()
+        if not sched.paused:
+            break
+        sched.next_slice()
+    assert [letters(f) for k in sinks for f in k.messages()] == [["x"]] * 10
+
+
+def test_a_stuck_write_holds_up_only_its_own_slice() -> None:
+    """A slow client's write never settles: the next slice counts from zero without it, so
+    stuck writes never pause every cycle."""
+    engine = Engine(Config(writer=WriterConfig(async_window=2)), clock=FakeClock())
+    sched = engine.scheduler
+    t = engine.topic("t", Mode.RING)
+    sinks = []
+    for _ in range(4):
+        s, sink = threaded(engine)
+        engine.subscribe(s, t, 1, 0, 0)
+        sinks.append(sink)
+    sched.run_cycle()
+    assert sched.paused and sched.writes_out == 2
+    sched.next_slice()  # the runner gave up waiting (SETTLE): sinks[0], [1] still stuck
+    sched.run_cycle()
+    assert sched.writes_out == 2 and not sched.paused  # the last two: nothing left to pause
+    sinks[0].complete()  # an old slice's write settles late: not counted against this one
+    assert sched.writes_out == 2
+
+
+def test_written_at_once_never_pauses() -> None:
+    engine = Engine(Config(writer=WriterConfig(async_window=2)), clock=FakeClock())
+    t = engine.topic("t", Mode.RING)
+    sinks = []
+    for _ in range(10):
+        s, sink = connect(engine)
+        engine.subscribe(s, t, 1, 0, 0)
+        sinks.append(sink)
+    assert engine.scheduler.run_cycle() == 10 and not engine.scheduler.paused

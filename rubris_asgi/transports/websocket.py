@@ -91,6 +91,8 @@ class WebSocketConnection:
         self._w_lease: FrameBuffer | None = None
         self._w_pending: Any = None
         self._w_done: Future[None] | None = None
+        self._w_slice = -1
+        """The scheduler's slice of an asynchronous write under way (else -1)."""
         self._resume_cb = self._resume_write  # one bound method for every callback
 
     # FrameSink: called from inside the scheduler's cycle, so it must never raise or await
@@ -120,6 +122,8 @@ class WebSocketConnection:
         if isinstance(pending, asyncio.Future):
             # the server waits on its own loop: its socket buffer is full
             engine.telemetry.blocked_writes += 1
+        else:  # the server's own threads write it (granian): one of the cycle's window
+            self._w_slice = engine.scheduler.write_started()
         self.writing_since = engine.clock()
         self._w_send = it
         self._w_coro = coro
@@ -163,6 +167,9 @@ class WebSocketConnection:
         started = self.writing_since
         self.writing_since = 0.0
         self._w_send = self._w_pending = self._w_lease = None
+        if self._w_slice >= 0:
+            engine.scheduler.write_settled(self._w_slice)
+            self._w_slice = -1
         done, self._w_done = self._w_done, None
         if done is not None and not done.done():
             done.set_result(None)

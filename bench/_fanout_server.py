@@ -1,7 +1,10 @@
-"""The server half of bench/fanout.py: uvicorn + Starlette + Rubris, and a publisher.
+"""The server half of bench/fanout.py: a Starlette app with Rubris at /rubris, and a publisher.
 
-Started by bench/fanout.py as a subprocess, pinned to one core; not meant to be run by hand
-(though ``python bench/_fanout_server.py --topics 10`` works and prints ``PORT n``).
+Started by bench/fanout.py as a subprocess, pinned to one core (``--cpu``); not meant to be run
+by hand (though ``python bench/_fanout_server.py --topics 10`` works and prints ``PORT n``).
+``--server uvicorn|hypercorn|granian`` (default uvicorn) picks the ASGI server; how each is set
+up is in bench/_servers.py. Under granian the app runs in granian's worker process, a child of
+this one: the figures below (CPU, RSS, GC) are that worker's, its Rust threads included.
 
 Channels: ``bench.{n}``, ring channels (no conflation: every publish is delivered to every
 subscriber unless it laps the ring, which the load side sees as a GAP).
@@ -33,16 +36,16 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import os
 import resource
-import socket
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -51,6 +54,7 @@ from starlette.routing import Mount, Route
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from _fanout_load import GcTimer  # noqa: E402
+from _servers import SERVERS, orphan_watchdog, serve, serve_uvicorn  # noqa: E402
 
 from rubris_asgi import Config, Rubris, Session, Timing  # noqa: E402
 
@@ -169,16 +173,19 @@ class Publisher:
         }
 
 
-def build(topics: int, ring: int, pad: int) -> tuple[Starlette, Rubris, Publisher]:
-    # heartbeat: the load's clients PING at half of it; long enough that a 5,000-client case
-    # sends few PINGs while it measures
-    rubris = Rubris(Config(timing=Timing(heartbeat=60.0)), compress_at=None)
+class Publishing(Protocol):
+    """What the control endpoints drive: this module's Publisher, or the plain loop's."""
 
-    @rubris.shared("bench.{n}", ring=ring)
-    async def bench_topic(session: Session, n: str) -> None:
-        return None
+    def start(self, mode: str, rate: float, window: float, seconds: float) -> None: ...
 
-    publisher = Publisher(rubris, topics, pad)
+    def stop(self) -> None: ...
+
+    def info(self) -> dict[str, object]: ...
+
+
+def control_routes(publisher: Publishing, figures: Callable[[], dict[str, Any]]) -> list[Route]:
+    """``/control/start``, ``/control/stop`` and ``/control/stats``; ``figures()`` adds the
+    app's own counters (sessions, connected, topics, cycle, ...) to the stats."""
 
     async def start(request: Request) -> Response:
         q = request.query_params
@@ -203,12 +210,40 @@ def build(topics: int, ring: int, pad: int) -> tuple[Starlette, Rubris, Publishe
         elif q.get("gc_mode") == "off":
             gc.disable()  # an experiment (fanout.py --server-gc off), not the default
         user, system = cpu_seconds()
-        st = rubris.stats()
-        sessions = list(rubris.engine.sessions.values())
         body = {
             "cpu_user": user,
             "cpu_sys": system,
             "rss": rss_bytes(),
+            **figures(),
+            "publisher": publisher.info(),
+            "gc": GC.info(mark=bool(q.get("mark"))),
+            "now_ns": time.monotonic_ns(),
+        }
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    return [
+        Route("/control/start", start, methods=["POST"]),
+        Route("/control/stop", stop, methods=["POST"]),
+        Route("/control/stats", stats, methods=["GET"]),
+    ]
+
+
+def build(topics: int, ring: int, pad: int) -> tuple[Starlette, Rubris, Publisher]:
+    # heartbeat: the load's clients PING at half of it; long enough that a 5,000-client case
+    # sends few PINGs while it measures
+    timing = Timing(heartbeat=60.0)
+    rubris = Rubris(Config(timing=timing), compress_at=None)
+
+    @rubris.shared("bench.{n}", ring=ring)
+    async def bench_topic(session: Session, n: str) -> None:
+        return None
+
+    publisher = Publisher(rubris, topics, pad)
+
+    def figures() -> dict[str, Any]:
+        st = rubris.stats()
+        sessions = list(rubris.engine.sessions.values())
+        return {
             "sessions": st.sessions,
             "connected": st.connected,
             "topics": st.topics,
@@ -217,11 +252,7 @@ def build(topics: int, ring: int, pad: int) -> tuple[Starlette, Rubris, Publishe
             "held": sum(1 for x in sessions if x.held),
             "failed_sends_max": max((x.failed_sends for x in sessions), default=0),
             "pool": dataclasses.asdict(st.pool),
-            "publisher": publisher.info(),
-            "gc": GC.info(mark=bool(q.get("mark"))),
-            "now_ns": time.monotonic_ns(),
         }
-        return Response(orjson.dumps(body), media_type="application/json")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
@@ -234,64 +265,40 @@ def build(topics: int, ring: int, pad: int) -> tuple[Starlette, Rubris, Publishe
                 watchdog.cancel()
 
     app = Starlette(
-        routes=[
-            Route("/control/start", start, methods=["POST"]),
-            Route("/control/stop", stop, methods=["POST"]),
-            Route("/control/stats", stats, methods=["GET"]),
-            Mount("/rubris", rubris),
-        ],
+        routes=[*control_routes(publisher, figures), Mount("/rubris", rubris)],
         lifespan=lifespan,
     )
     return app, rubris, publisher
 
 
-async def orphan_watchdog() -> None:
-    """Exit when the process that started us is gone: a benchmark leaves nothing behind."""
-    parent = os.getppid()
-    while True:
-        await asyncio.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(3)
+def make_app(topics: int, ring: int, pad: int) -> Starlette:
+    """The app alone: what the server process (granian: its worker) builds and serves."""
+    return build(topics, ring, pad)[0]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def server_args(description: str) -> argparse.ArgumentParser:
+    """The options every fan-out server script takes (this one, bench/_fanout_plain.py)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--topics", type=int, default=10)
     ap.add_argument("--ring", type=int, default=1024)
     ap.add_argument("--pad", type=int, default=40)
     ap.add_argument("--cpu", type=int, default=None, help="pin to this core")
-    args = ap.parse_args()
+    ap.add_argument("--server", choices=SERVERS, default="uvicorn")
+    return ap
+
+
+def main() -> None:
+    args = server_args(__doc__ or "").parse_args()
     if args.cpu is not None:
-        os.sched_setaffinity(0, {args.cpu})
+        os.sched_setaffinity(0, {args.cpu})  # inherited by granian's worker and its threads
     raise_nofile()
-    app, _, _ = build(args.topics, args.ring, args.pad)
-    serve_on_free_port(app)
+    serve(functools.partial(make_app, args.topics, args.ring, args.pad), args.server)
 
 
 def serve_on_free_port(app: Any) -> None:
     """Run ``app`` under uvicorn (uvloop, httptools, websockets-sansio, no permessage-deflate)
     on a free port of 127.0.0.1, announced as ``PORT n`` on stdout; shared by the benches."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(4096)
-    config = uvicorn.Config(
-        app,
-        loop="uvloop",
-        http="httptools",
-        ws="websockets-sansio",
-        ws_per_message_deflate=False,
-        ws_ping_interval=None,
-        ws_ping_timeout=None,
-        log_level="warning",
-        lifespan="on",
-        backlog=4096,
-        timeout_graceful_shutdown=5,
-        access_log=False,
-    )
-    server = uvicorn.Server(config)
-    print(f"PORT {sock.getsockname()[1]}", flush=True)
-    server.run(sockets=[sock])
+    serve_uvicorn(app)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,26 @@
 """Fan-out benchmark over real sockets: one server process, one load process, 127.0.0.1 only.
 
-Not a test. The server (bench/_fanout_server.py: uvicorn with uvloop, httptools and the
-``websockets-sansio`` WebSocket implementation, no permessage-deflate, a Starlette app with Rubris
-mounted at /rubris) runs in a subprocess pinned to core 0. This process is the load, pinned to
-core 1: N WebSocket clients (bench/_fanout_load.py) in one uvloop event loop.
+Not a test. The server runs in a subprocess pinned to core 0: a Starlette app with Rubris
+mounted at /rubris (bench/_fanout_server.py), on one ASGI server process chosen with
+``--server`` (bench/_servers.py has the details; on each: one worker, lifespan on, no access
+log, no permessage-deflate, no server WebSocket ping):
+
+    uvicorn    (default) uvloop, httptools and the ``websockets-sansio`` WebSocket implementation
+    hypercorn  ``hypercorn.asyncio.serve`` on uvloop
+    granian    interface asgi, 1 worker, its default runtime threads; the app runs in granian's
+               worker, a child of the process the bench starts: the pin to core 0 is inherited
+               by it and its Rust threads, and the server CPU figures are that worker's,
+               threads included (getrusage in the worker)
+
+This process is the load, pinned to core 1: N WebSocket clients (bench/_fanout_load.py) in one
+uvloop event loop. So the server and everything it runs (its event loop, granian's Rust
+threads, granian's mostly idle main process) share core 0, and the load has core 1 to itself.
+
+``--app plain`` serves the plain-loop baseline (bench/_fanout_plain.py) instead of Rubris: a
+plain Starlette broadcast loop, what a team writes without Rubris (a WebSocket endpoint that
+keeps its sockets in a set; a round encodes one PUSH frame per topic and awaits
+``ws.send_bytes(frame)`` for each client in turn), speaking the same wire format and answering
+the same control endpoints, so the same load measures it.
 
 Every client subscribes to *all* T ring topics ``bench.0`` .. ``bench.{T-1}`` (ring of 1024, so
 nothing is conflated and every delivery counts). "1,000 clients x 10 topics" is therefore 10,000
@@ -17,6 +34,7 @@ then runs its phases. Each phase publishes through warm-up and the measured wind
 
     max     closed loop: the server's publisher sends a round whenever fewer than 2 rounds of
             deliveries wait to be framed, i.e. as fast as the server frames and writes them
+            (the plain loop: rounds back to back, every send of one awaited before the next)
     half    open loop at half the delivered rate that ``max`` measured
     <rate>  open loop at that many deliveries/s; 1,000 x 10 runs 200000 (the target) and
             100000 (half the target, the latency figure the target names)
@@ -32,16 +50,33 @@ Figures per phase: delivered messages/s (counted by the clients), publish-to-rec
 p50/p99, cross-client skew p50/p99 (for one message, last receive minus first receive across
 the clients that got it; every message is sampled with >= 500 clients, every 8th seq below),
 server CPU seconds per million deliveries and server CPU % (its own window, from getrusage),
-load CPU %, the server's garbage-collection time, per-core use of the machine, and server RSS
-per connection ((RSS after connecting - RSS before) / N, after a gc in the server; includes the
-session and its subscriptions). A window in which other processes used one of the two cores is
-marked ``NOISY`` and measured again (``--noisy-retries``, default 1); before each phase the
-run waits (``--quiet-wait``, up to 5 s) for both cores to be idle.
+deliveries per server CPU-second (delivered/s over the server's CPU fraction), load CPU %, the
+server's garbage-collection time, per-core use of the machine, and server RSS per connection
+((RSS after connecting - RSS before) / N, after a gc in the server; includes the session and
+its subscriptions, and the server's own buffers). A window in which other processes used one of
+the two cores is marked ``NOISY`` and measured again (``--noisy-retries``, default 1); before
+each phase the run waits (``--quiet-wait``, up to 5 s) for both cores to be idle.
 
     python bench/fanout.py            # full run, about 2 minutes
     python bench/fanout.py --quick    # 100 x 10 and 1,000 x 10, shorter phases, about 30 s
+    python bench/fanout.py --server granian --app plain --clients 1000 --topics 1 \
+        --phases max,10000            # one custom case, any server and app
 
 The last line of output is one JSON object with every figure.
+
+    python bench/fanout.py --compare-servers     # about 3-5 minutes
+
+compares the servers side by side: Rubris 1,000 clients x 1 topic (max, and 10,000
+deliveries/s = 10 messages/s), the plain loop 1,000 x 1 (the same phases) and Rubris 1,000 x 10
+(max, and 50,000/s), each case on uvicorn, hypercorn and granian in turn (case by case, the
+servers' order turned by one each case), 1 s warm-up and 4 s measured per phase. It prints a
+table: per server and phase, delivered/s, server CPU %, deliveries per server CPU-second
+(delivered/s divided by the server's CPU fraction: in ``max`` the server is saturated, in the
+fixed phases it includes the server's fixed costs), latency p50/p99, skew p99 and whether the
+phase was sustained; then, per server, Rubris's latency p99 over the plain loop's at 1,000 x 1,
+10,000/s. Then the JSON object, and as the last line
+``uvicorn_per_cpu_s=N hypercorn_per_cpu_s=N granian_per_cpu_s=N``: Rubris's deliveries per
+server CPU-second at 1,000 x 1, max phase (0 for a server that failed the case).
 """
 
 from __future__ import annotations
@@ -73,8 +108,11 @@ from _fanout_load import (  # noqa: E402
     open_clients,
     pinger,
 )
+from _servers import BENCH_PID_ENV, SERVERS  # noqa: E402
 
 SERVER = os.path.join(HERE, "_fanout_server.py")
+PLAIN = os.path.join(HERE, "_fanout_plain.py")
+APPS = {"rubris": SERVER, "plain": PLAIN}
 TARGET_DELIVERED = 200_000
 MAIN_PHASES = ["max", "half", str(TARGET_DELIVERED), str(TARGET_DELIVERED // 2)]
 SERVER_CORE = 0
@@ -91,6 +129,11 @@ class Case:
     phases: list[str]
     results: list[dict[str, Any]] = field(default_factory=list)
     quiet_wait_s: float = 0.0
+    server: str = "uvicorn"
+    app: str = "rubris"
+    label: str = ""
+    """Printed before each of the case's lines (``--compare-servers``, a non-default server)."""
+    error: str | None = None
 
 
 # --------------------------------------------------------------------------- control channel
@@ -133,9 +176,11 @@ class Server:
     async def start(self) -> None:
         args = self.argv
         # its own session: a Ctrl-C in the terminal reaches only this process, which then stops
-        # the server itself (SIGTERM); the server also exits if this process disappears
+        # the server itself (SIGTERM); the server also exits if this process disappears (it
+        # watches the pid in BENCH_PID_ENV: granian's worker is not our child)
+        env = {**os.environ, BENCH_PID_ENV: str(os.getpid())}
         self.proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.PIPE, start_new_session=True
+            *args, stdout=asyncio.subprocess.PIPE, start_new_session=True, env=env
         )
         assert self.proc.stdout is not None
         line = await asyncio.wait_for(self.proc.stdout.readline(), 30)
@@ -161,12 +206,15 @@ class Server:
         try:
             await asyncio.wait_for(proc.wait(), 15)
         except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            self.kill()
             await proc.wait()
 
     def kill(self) -> None:
+        """SIGKILL the server and whatever it started (granian's worker): its process group,
+        which is its own (``start_new_session``) while it has not been waited for."""
         if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
 
@@ -317,6 +365,8 @@ async def run_phase(
     else:
         sustained = complete >= 0.99 and rec.gaps == 0
     server_cpu_pct = server_cpu / server_wall * 100
+    # deliveries per second of server CPU: the server's cost whatever its load
+    per_cpu_s = delivered_rate / (server_cpu_pct / 100) if server_cpu_pct > 0 else None
     load_cpu_pct = (c1 - c0) / wall * 100
     machine = core_usage(k0, k1)
     other = {
@@ -353,6 +403,7 @@ async def run_phase(
         "skew_samples_all_clients": sum(1 for e in window if e[2] == clients),
         "server_cpu_s_per_million": round(server_cpu / framed * 1e6, 3) if framed else None,
         "server_cpu_pct": round(server_cpu_pct, 1),
+        "delivered_per_server_cpu_s": None if per_cpu_s is None else round(per_cpu_s),
         "load_cpu_pct": round(load_cpu_pct, 1),
         "bottleneck": bottleneck,
         "messages_per_frame": round(framed / (s1["cycle"]["frames"] - s0["cycle"]["frames"]), 2)
@@ -374,7 +425,7 @@ async def run_phase(
     }
 
 
-def describe(r: dict[str, Any]) -> str:
+def describe(r: dict[str, Any], label: str = "") -> str:
     verdict = "sustained" if r["sustained"] else "NOT SUSTAINED"
     rate = (
         "max (closed loop)"
@@ -383,7 +434,7 @@ def describe(r: dict[str, Any]) -> str:
     )
     keep = "" if r["mode"] == "closed-loop" else f"{r['delivered_ratio']:.0%} of offered, "
     line = (
-        f"{r['clients']:>5,} x {r['topics']:<2} {r['phase']:<6} {rate:<25} "
+        f"{label}{r['clients']:>5,} x {r['topics']:<2} {r['phase']:<6} {rate:<25} "
         f"delivered {r['delivered_per_s']:>7,}/s ({keep}{verdict}) "
         f"| latency p50 {fmt(r['latency_p50_ms'])} p99 {fmt(r['latency_p99_ms'])} ms "
         f"| skew p50 {fmt(r['skew_p50_ms'])} p99 {fmt(r['skew_p99_ms'])} ms "
@@ -405,7 +456,7 @@ def noisy(r: dict[str, Any]) -> bool:
 
 
 async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
-    server = Server(["--topics", str(case.topics)], pin)
+    server = Server(["--topics", str(case.topics), "--server", case.server], pin, APPS[case.app])
     # skew: every message of every topic with many clients (few rounds per second), every 8th
     # seq with few clients (many rounds per second, few deliveries each)
     rec = Recorder(sample=1 if case.clients >= 500 else 8)
@@ -432,7 +483,8 @@ async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
         gc.freeze()  # the clients are long-lived: keep them out of the load's gc passes
         ping_task = asyncio.get_running_loop().create_task(pinger(clients))
         print(
-            f"{case.clients:>5,} clients x {case.topics} topics: connected and subscribed in "
+            f"{case.label}{case.clients:>5,} clients x {case.topics} topics: connected and "
+            "subscribed in "
             f"{connect_s:.1f} s; server RSS {before['rss'] / 2**20:.0f} -> "
             f"{after['rss'] / 2**20:.0f} MiB ({rss_per_conn_kb:.1f} KB per connection)",
             flush=True,
@@ -466,11 +518,13 @@ async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
                     args.warmup,
                     args.measure,
                 )
+                r["server"] = case.server
+                r["app"] = case.app
                 r["server_rss_per_conn_kb"] = round(rss_per_conn_kb, 2)
                 r["connect_s"] = round(connect_s, 2)
                 r["attempt"] = attempt
                 attempts.append(r)
-                print(describe(r), flush=True)
+                print(describe(r, case.label), flush=True)
                 if not noisy(r):
                     break
                 if attempt <= args.noisy_retries:
@@ -534,22 +588,57 @@ def verdict(cases: list[Case]) -> dict[str, Any]:
     }
 
 
+COMPARE_CASES = [
+    ("rubris", 1000, 1, ["max", "10000"]),
+    ("plain", 1000, 1, ["max", "10000"]),
+    ("rubris", 1000, 10, ["max", "50000"]),
+]
+"""``--compare-servers``: (app, clients, topics, phases), each run on every server in turn."""
+RATIO_AT = 10_000
+"""The fixed rate (1,000 x 1) at which rubris's latency p99 is set against the plain loop's."""
+
+
+def compare_cases() -> list[Case]:
+    """Every case on each server, case by case (not all of one server first), the servers'
+    order turned by one each case so that none always runs first."""
+    cases = []
+    for k, (app, clients, topics, phases) in enumerate(COMPARE_CASES):
+        for server in SERVERS[k % len(SERVERS) :] + SERVERS[: k % len(SERVERS)]:
+            label = f"{server:<9} {app:<6} "
+            cases.append(Case(clients, topics, list(phases), server=server, app=app, label=label))
+    return cases
+
+
 async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
-    if args.quick:
-        cases = [Case(100, 10, ["max", "half"]), Case(1000, 10, MAIN_PHASES)]
+    if args.compare_servers:
+        cases = compare_cases()
     else:
-        cases = [
-            Case(100, 10, ["max", "half"]),
-            Case(1000, 10, MAIN_PHASES),
-            Case(5000, 10, ["max", "half"]),
-            Case(5000, 1, ["max", "half"]),
-        ]
-    if args.clients:
-        cases = [Case(args.clients, args.topics, args.phases.split(","))]
+        if args.quick:
+            cases = [Case(100, 10, ["max", "half"]), Case(1000, 10, MAIN_PHASES)]
+        else:
+            cases = [
+                Case(100, 10, ["max", "half"]),
+                Case(1000, 10, MAIN_PHASES),
+                Case(5000, 10, ["max", "half"]),
+                Case(5000, 1, ["max", "half"]),
+            ]
+        if args.clients:
+            cases = [Case(args.clients, args.topics, args.phases.split(","))]
+        default = args.server == "uvicorn" and args.app == "rubris"
+        for case in cases:
+            case.server, case.app = args.server, args.app
+            case.label = "" if default else f"{args.server}/{args.app} "
     started = time.monotonic()
     for case in cases:
-        await run_case(case, args, pin)
-    return {
+        if not args.compare_servers:
+            await run_case(case, args, pin)
+            continue
+        try:  # one server failing a case does not end the comparison
+            await run_case(case, args, pin)
+        except Exception as exc:
+            case.error = f"{type(exc).__name__}: {exc}"
+            print(f"{case.label}{case.clients:,} x {case.topics}: FAILED: {case.error}", flush=True)
+    summary: dict[str, Any] = {
         "bench": "fanout",
         "cores": os.cpu_count(),
         "pinned": {"server": SERVER_CORE, "load": LOAD_CORE} if pin else None,
@@ -561,9 +650,148 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
         "noisy_phases": sum(1 for c in cases for r in c.results if noisy(r)),
         "quiet_wait_s": round(sum(c.quiet_wait_s for c in cases), 1),
         "duration_s": round(time.monotonic() - started, 1),
-        "targets": verdict(cases),
-        "cases": [r for c in cases for r in c.results],
     }
+    if args.compare_servers:
+        summary["mode"] = "compare-servers"
+        summary["comparison"] = comparison(cases)
+        summary["errors"] = [
+            {
+                "server": c.server,
+                "app": c.app,
+                "clients": c.clients,
+                "topics": c.topics,
+                "error": c.error,
+            }
+            for c in cases
+            if c.error
+        ]
+    else:
+        summary["server"] = args.server
+        summary["app"] = args.app
+        summary["targets"] = verdict(cases)
+    summary["cases"] = [r for c in cases for r in c.results]
+    return summary
+
+
+# --------------------------------------------------------------------------- --compare-servers
+
+
+def _find(
+    results: list[dict[str, Any]], server: str, app: str, clients: int, topics: int, phase: str
+) -> dict[str, Any] | None:
+    """A result by its server, app, case and phase (``max`` or a fixed rate such as 10000)."""
+    for r in results:
+        if (r["server"], r["app"], r["clients"], r["topics"]) != (server, app, clients, topics):
+            continue
+        if phase == "max" and r["phase"] == "max":
+            return r
+        if phase.isdigit() and r["phase"] == "fixed" and r["target_delivered_per_s"] == int(phase):
+            return r
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else round(a / b, 2)
+
+
+def comparison(cases: list[Case]) -> dict[str, Any]:
+    """The comparison's figures by server: per case and phase, and the two headline figures."""
+    results = [r for c in cases for r in c.results]
+    keep = (
+        "delivered_per_s",
+        "delivered_per_server_cpu_s",
+        "server_cpu_pct",
+        "latency_p50_ms",
+        "latency_p99_ms",
+        "skew_p99_ms",
+        "sustained",
+        "bottleneck",
+    )
+    out: dict[str, Any] = {"by_server": {}, "per_cpu_s_rubris_1000x1_max": {}}
+    out["p99_ratio_rubris_over_plain_1000x1_at_10000"] = {}
+    for server in SERVERS:
+        figures: dict[str, Any] = {}
+        for app, clients, topics, phases in COMPARE_CASES:
+            for phase in phases:
+                r = _find(results, server, app, clients, topics, phase)
+                name = f"{app} {clients}x{topics} {phase}"
+                figures[name] = None if r is None else {k: r[k] for k in keep}
+        out["by_server"][server] = figures
+        mx = _find(results, server, "rubris", 1000, 1, "max")
+        out["per_cpu_s_rubris_1000x1_max"][server] = mx and mx["delivered_per_server_cpu_s"]
+        rub = _find(results, server, "rubris", 1000, 1, str(RATIO_AT))
+        plain = _find(results, server, "plain", 1000, 1, str(RATIO_AT))
+        out["p99_ratio_rubris_over_plain_1000x1_at_10000"][server] = _ratio(
+            rub and rub["latency_p99_ms"], plain and plain["latency_p99_ms"]
+        )
+    return out
+
+
+def comparison_table(summary: dict[str, Any]) -> str:
+    """The readable side-by-side table of a ``--compare-servers`` run."""
+    results = summary["cases"]
+    failed = {
+        (e["server"], e["app"], e["clients"], e["topics"]): e["error"]
+        for e in summary.get("errors", [])
+    }
+    head = (
+        f"{'case':<17} {'phase':<10} {'server':<10} {'delivered/s':>11} {'srv CPU':>7} "
+        f"{'per CPU-s':>10} {'p50 ms':>8} {'p99 ms':>8} {'skew p99':>8}  {'sustained':<9} note"
+    )
+    lines = [
+        "server comparison: one worker process each; the server and its threads on core "
+        f"{SERVER_CORE}, the load on core {LOAD_CORE}",
+        "per CPU-s = delivered/s / server CPU fraction (max: the server saturated)",
+        "",
+        head,
+        "-" * len(head),
+    ]
+    for app, clients, topics, phases in COMPARE_CASES:
+        case = f"{app} {clients:,} x {topics}"
+        for phase in phases:
+            shown = "max" if phase == "max" else f"{int(phase):,}/s"
+            for server in SERVERS:
+                r = _find(results, server, app, clients, topics, phase)
+                start = f"{case:<17} {shown:<10} {server:<10} "
+                if r is None:
+                    err = failed.get((server, app, clients, topics), "no result")
+                    lines.append(f"{start}{'-':>11}  ({err[:60]})")
+                    continue
+                notes = []
+                if noisy(r):
+                    notes.append("NOISY")
+                if r["bottleneck"] == "load":
+                    notes.append("LOAD-BOUND (the server had CPU to spare)")
+                elif r["bottleneck"] == "server and load":
+                    notes.append("load saturated too")
+                lines.append(
+                    f"{start}{r['delivered_per_s']:>11,} {r['server_cpu_pct']:>6.0f}% "
+                    f"{fmt(r['delivered_per_server_cpu_s'], ',.0f'):>10} "
+                    f"{fmt(r['latency_p50_ms'], '.2f'):>8} {fmt(r['latency_p99_ms'], '.2f'):>8} "
+                    f"{fmt(r['skew_p99_ms'], '.2f'):>8}  "
+                    f"{'yes' if r['sustained'] else 'NO':<9} {', '.join(notes)}".rstrip()
+                )
+                case = ""
+        lines.append("")
+    lines.append(f"rubris p99 / plain p99, 1,000 x 1 at {RATIO_AT:,}/s:")
+    for server in SERVERS:
+        rub = _find(results, server, "rubris", 1000, 1, str(RATIO_AT))
+        plain = _find(results, server, "plain", 1000, 1, str(RATIO_AT))
+        a = rub and rub["latency_p99_ms"]
+        b = plain and plain["latency_p99_ms"]
+        ratio = _ratio(a, b)
+        lines.append(
+            f"  {server:<10} rubris {fmt(a, '.2f'):>8} ms / plain {fmt(b, '.2f'):>8} ms = "
+            f"{fmt(ratio, '.2f')}"
+        )
+    return "\n".join(lines)
+
+
+def per_cpu_line(summary: dict[str, Any]) -> str:
+    """The last line of ``--compare-servers``: rubris deliveries per server CPU-second at
+    1,000 x 1, max phase, per server (0 when a server has no figure)."""
+    figures = summary["comparison"]["per_cpu_s_rubris_1000x1_max"]
+    return " ".join(f"{s}_per_cpu_s={int(figures.get(s) or 0)}" for s in SERVERS)
 
 
 def prepare_load(banner: str) -> bool:
@@ -620,6 +848,25 @@ def main() -> None:
         default=5.0,
         help="before each phase, wait up to this many seconds for both cores to be idle",
     )
+    ap.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="uvicorn",
+        help="the ASGI server that serves the app (one worker process; see bench/_servers.py)",
+    )
+    ap.add_argument(
+        "--app",
+        choices=sorted(APPS),
+        default="rubris",
+        help="rubris (bench/_fanout_server.py) or the plain Starlette broadcast loop "
+        "(bench/_fanout_plain.py)",
+    )
+    ap.add_argument(
+        "--compare-servers",
+        action="store_true",
+        help="rubris 1,000 x 1 and 1,000 x 10 and the plain loop 1,000 x 1 on every server, "
+        "side by side (about 4 minutes; ignores --server, --app, --clients)",
+    )
     ap.add_argument("--clients", type=int, default=0, help="run one custom case instead")
     ap.add_argument("--topics", type=int, default=10, help="with --clients")
     ap.add_argument(
@@ -628,18 +875,32 @@ def main() -> None:
         help="with --clients: comma-separated max, half, or a delivered rate such as 200000",
     )
     args = ap.parse_args()
-    quick_or_full(args, {"warmup": (0.5, 1.0), "measure": (3.0, 5.0)})
+    if args.compare_servers:
+        quick_or_full(args, {"warmup": (0.5, 1.0), "measure": (3.0, 4.0)})
+    else:
+        quick_or_full(args, {"warmup": (0.5, 1.0), "measure": (3.0, 5.0)})
 
+    if args.compare_servers:
+        serving = f"servers {', '.join(SERVERS)} (compared)"
+    elif args.server == "uvicorn" and args.app == "rubris":
+        serving = ""
+    else:
+        serving = f"server {args.server}, app {args.app}"
     pin = prepare_load(
         f"fanout: cores={os.cpu_count()} python={sys.version.split()[0]} "
         f"server core {SERVER_CORE}, load core {LOAD_CORE}, decode={args.decode}"
+        + (f", {serving}" if serving else "")
     )
     try:
         summary = uvloop.run(amain(args, pin))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    if args.compare_servers:
+        print(comparison_table(summary), flush=True)
     print(json.dumps(summary, separators=(",", ":"), allow_nan=False), flush=True)
+    if args.compare_servers:
+        print(per_cpu_line(summary), flush=True)
 
 
 if __name__ == "__main__":

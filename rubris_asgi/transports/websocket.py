@@ -69,6 +69,24 @@ class WebSocketTransport:
 class WebSocketConnection:
     """One WebSocket bound to a session; the session's ``FrameSink`` while connected."""
 
+    __slots__ = (
+        "transport",
+        "gateway",
+        "ws",
+        "_send",
+        "session",
+        "writing_since",
+        "closed",
+        "_tasks",
+        "_w_send",
+        "_w_coro",
+        "_w_lease",
+        "_w_pending",
+        "_w_done",
+        "_w_slice",
+        "_resume_cb",
+    )
+
     def __init__(
         self, transport: WebSocketTransport, scope: Scope, receive: Receive, send: Send
     ) -> None:

@@ -89,7 +89,7 @@ class WriterConfig:
     max_blocked: float = 10.0
     blocked_after: float = 0.050
     """A frame still being written after this long counts as a blocked write."""
-    async_window: int = 32
+    async_window: int = 128
     """Writes a cycle hands to a server that completes them on its own threads (granian)
     before it pauses for them: the cycle goes on once half are done (or after 2 ms). Without
     the pause a cycle of a thousand frames holds the event loop while the server's threads

@@ -97,7 +97,7 @@ class Scheduler:
         """Publishes from outside the process, drained at the start of each cycle."""
         # the asynchronous-write window (WriterConfig.async_window): writes handed to a
         # server that completes them on its own threads, counted per slice of a cycle
-        self.async_window = 32
+        self.async_window = 128
         self.writes_out = 0
         """Asynchronous writes of the current slice not yet done."""
         self.slice = 0

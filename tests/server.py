@@ -16,14 +16,19 @@ from typing import Any
 
 import uvicorn
 
+from rubris_asgi import Rubris, Server
+
 SERVERS = ["uvicorn", "hypercorn", "granian"]
 
 
 @contextlib.asynccontextmanager
 async def run_server(
-    app: Any, *, lifespan: str = "on", server: str = "uvicorn"
+    app: Any, *, lifespan: str = "on", server: str = "uvicorn", drain: Rubris | None = None
 ) -> AsyncIterator[str]:
-    """Serve ``app``; yields its base URL, e.g. ``http://127.0.0.1:41234``."""
+    """Serve ``app``; yields its base URL, e.g. ``http://127.0.0.1:41234``.
+
+    ``drain``: uvicorn as ``rubris_asgi.serve`` runs it (``Server``), draining that rubris
+    (GOODBYE 9) before uvicorn closes the connections."""
     if server == "hypercorn":
         async with _hypercorn(app) as base:
             yield base
@@ -36,9 +41,7 @@ async def run_server(
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and an
     # accepted socket inherits the listener's; without it a keep-alive HTTP answer written in
     # two parts waits ~40 ms for the client's delayed ACK (Nagle)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = _free_socket()
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
@@ -49,7 +52,7 @@ async def run_server(
         log_level="warning",
         lifespan=lifespan,
     )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(config) if drain is None else Server(config, drain)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         for _ in range(500):
@@ -63,7 +66,7 @@ async def run_server(
     finally:
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)
+            await asyncio.wait_for(task, 15)
         sock.close()
 
 

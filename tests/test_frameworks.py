@@ -30,7 +30,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.lifespan.on import LifespanOn
 
-from rubris_asgi import ErrorCode, ProtocolError, QueueFull, Rubris, RubrisMiddleware, Server
+from rubris_asgi import ErrorCode, ProtocolError, QueueFull, Rubris, RubrisMiddleware
 from rubris_asgi.client import Client
 
 from .apps import make_rubris
@@ -59,30 +59,6 @@ async def no_task_left() -> AsyncIterator[None]:
     left = {t for t in asyncio.all_tasks() - before if not t.done()}
     left.discard(asyncio.current_task())  # type: ignore[arg-type]
     assert left == set(), left
-
-
-@contextlib.asynccontextmanager
-async def serve_draining(app: ASGIApp, rubris: Rubris) -> AsyncIterator[str]:
-    """A real uvicorn as ``rubris_asgi.serve`` runs it: rubris drains (GOODBYE 9) before
-    uvicorn closes the connections. Yields the base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, ws="websockets-sansio", ws_per_message_deflate=False, log_level="warning"
-    )
-    server = Server(config, rubris)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        await until(lambda: server.started or task.done())
-        if task.done():
-            task.result()
-        assert server.started, "uvicorn did not start"
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 15)
-        sock.close()
 
 
 async def connect_all(base: str) -> list[Client]:
@@ -150,7 +126,7 @@ async def test_example_app_publishes_from_its_route_with_rubris_started_around_i
     assert not rubris.started and mod.SEEN == {}
     async with no_task_left():
         async with (
-            serve_draining(mod.app, rubris) as base,
+            run_server(mod.app, drain=rubris) as base,
             httpx.AsyncClient(base_url=base, timeout=5) as http,
         ):
             assert mod.SEEN == {"startup": True}  # rubris was started when the app's hook ran
@@ -189,7 +165,7 @@ async def test_django_sync_and_async_views_publish(monkeypatch: pytest.MonkeyPat
     assert not rubris.started
     async with no_task_left():
         async with (
-            serve_draining(mod.application, rubris) as base,
+            run_server(mod.application, drain=rubris) as base,
             httpx.AsyncClient(base_url=base, timeout=5) as http,
         ):
             assert rubris.started  # by the lifespan, before any request

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -40,12 +39,14 @@ from .dispatch import Dispatcher
 from .engine import Engine
 from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
 from .intake import IntakeStats
+from .loops import housekeeping, queue_ticks, run_scheduler
 from .observer import Observer
 from .ops import OpsPage
 from .protocol import Codec, Mode
 from .queues import QueueSettings, QueueStats, QueueTopic
-from .scheduler import CycleStats, Scheduler
+from .scheduler import CycleStats
 from .session import Session, SessionState
+from .threads import call_in_loop
 from .topic_api import TopicApi
 from .transports.gateway import Authenticate, Gateway
 from .transports.longpoll import LongPollSession, LongPollTransport
@@ -56,16 +57,6 @@ from .workers import stats_dir as _stats_dir
 log = logging.getLogger("rubris_asgi")
 
 F = TypeVar("F", bound=Callable[..., Any])
-R = TypeVar("R")
-
-QUEUE_TICK = 0.005
-"""Seconds between server-side CoDel checks: well under CoDel's interval / sqrt(count) steps."""
-SETTLE = 0.002
-"""At most this long a paused cycle waits for its asynchronous writes (``_settle``)."""
-
-
-def _noop() -> None:
-    return None
 
 
 async def _room(waiters: deque[Callable[[], None]]) -> None:
@@ -323,7 +314,7 @@ class Rubris:
         loop and waits for it (``_from_thread``).
         """
         if self._thread and self._thread != threading.get_ident():
-            return self._from_thread(self._publish, name, value)
+            return call_in_loop(self._loop, self._publish, name, value)
         return self._publish(name, value)
 
     def _publish(self, name: str, value: Any) -> int:
@@ -367,7 +358,7 @@ class Rubris:
         """
         if self._thread and self._thread != threading.get_ident():
             call = functools.partial(self.enqueue, name, value, id=id, batch_item=batch_item)
-            return self._from_thread(call)
+            return call_in_loop(self._loop, call)
         if batch_item is not None:
             self._batch_item(batch_item)
         return self.engine.enqueue(self._queue(name), value, id, batch_item)
@@ -419,7 +410,7 @@ class Rubris:
 
         Safe from any thread, as ``publish``."""
         if self._thread and self._thread != threading.get_ident():
-            return self._from_thread(self.send_nowait, session, name, value)
+            return call_in_loop(self._loop, self.send_nowait, session, name, value)
         return self.engine.send_nowait(session, self.engine.private_for(session, name), value)
 
     async def send(self, session: Session, name: str, value: Any) -> int:
@@ -437,40 +428,6 @@ class Rubris:
             await _room(q.waiters)
             if session.state is SessionState.CLOSED:
                 raise SessionClosed(f"session {session.id[:8]}… has ended")
-
-    def _from_thread(self, fn: Callable[..., R], *args: Any) -> R:
-        """Run ``fn(*args)`` on the server's event loop and wait for its result or exception.
-
-        Every engine structure belongs to that loop's thread; a call from another thread is
-        handed over with ``call_soon_threadsafe`` and the caller waits, so calls from one
-        thread keep their order, and what the call returns or raises (a seq, ``QueueFull``,
-        an unknown topic) reaches the caller. It costs a round trip through the loop (tens of
-        microseconds): for bulk publishing from another process use the HTTP API.
-        """
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            raise RuntimeError("rubris is not running: start it before calling it from a thread")
-        done: concurrent.futures.Future[R] = concurrent.futures.Future()
-
-        def run() -> None:
-            if not done.set_running_or_notify_cancel():
-                return
-            try:
-                done.set_result(fn(*args))
-            except BaseException as exc:  # handed to the calling thread, which raises it
-                done.set_exception(exc)
-
-        loop.call_soon_threadsafe(run)
-        while True:
-            try:
-                return done.result(timeout=1.0)
-            except concurrent.futures.TimeoutError:
-                # a busy loop is waited for; a stopped one would never answer
-                if loop.is_closed() or not loop.is_running():
-                    done.cancel()
-                    raise RuntimeError(
-                        "the server's event loop stopped before taking the call"
-                    ) from None
 
     def _on_loop(self, what: str) -> None:
         """Refuse an async call made from another event loop than the server's: the engine's
@@ -585,9 +542,12 @@ class Rubris:
         self.draining = False
         self.api.accepting = True
         self._tasks = [
-            loop.create_task(self._run_scheduler(), name="rubris-scheduler"),
-            loop.create_task(self._housekeeping(), name="rubris-housekeeping"),
-            loop.create_task(self._queue_ticks(), name="rubris-queue-ticks"),
+            loop.create_task(run_scheduler(self.engine, self._wake), name="rubris-scheduler"),
+            loop.create_task(
+                housekeeping(self.engine, self.config, self.longpoll, self.websocket),
+                name="rubris-housekeeping",
+            ),
+            loop.create_task(queue_ticks(self.engine), name="rubris-queue-ticks"),
         ]
         if self._batches is not None:
             await self._batches.store.start()
@@ -650,71 +610,3 @@ class Rubris:
         if isinstance(s.sink, LongPollSession):
             return s.sink.takes_goodbye(self.engine.clock())
         return True
-
-    async def _run_scheduler(self) -> None:
-        sched = self.engine.scheduler
-        wake = self._wake
-        assert wake is not None
-        clock = self.engine.clock
-        while True:
-            if sched.has_work():
-                try:
-                    sched.run_cycle()
-                except Exception:  # a bug must not silently stop all delivery
-                    log.exception("scheduler cycle failed")
-                if sched.paused:
-                    await self._settle(sched)
-                else:
-                    # let transports write and handlers publish before the next cycle
-                    await asyncio.sleep(0)
-                continue
-            wake.clear()
-            sched.idle = True
-            timer = sched.next_timer()
-            timeout = None if timer is None else max(0.0, timer - clock())
-            if timeout == 0.0:
-                sched.idle = False
-                sched.run_cycle()
-                await asyncio.sleep(0)
-                continue
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout)
-            sched.idle = False
-
-    async def _settle(self, sched: Scheduler) -> None:
-        """A cycle paused with ``async_window`` writes out on the server's threads (granian):
-        wait, the loop idle, until half are done (at most ``SETTLE`` s), then go on."""
-        if sched.writes_out > sched.async_window // 2:
-            settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-            def wake() -> None:
-                if not settled.done():
-                    settled.set_result(None)
-
-            sched.settled = wake
-            try:
-                await asyncio.wait_for(settled, SETTLE)
-            except asyncio.TimeoutError:
-                pass  # slow clients' writes: they hold up this slice only
-            finally:
-                sched.settled = _noop
-        sched.next_slice()
-
-    async def _queue_ticks(self) -> None:
-        # server-side CoDel and round-trip probes: every QUEUE_TICK while there are consumers
-        engine = self.engine
-        while True:
-            await asyncio.sleep(QUEUE_TICK)
-            if engine.queues:
-                engine.queue_tick()
-
-    async def _housekeeping(self) -> None:
-        engine = self.engine
-        timing = self.config.timing
-        writer = self.config.writer
-        while True:
-            await asyncio.sleep(min(0.25, timing.session_timeout / 4, writer.max_blocked / 4))
-            now = engine.clock()
-            engine.expire()
-            self.longpoll.expire(now)
-            await self.websocket.close_blocked(now)

@@ -26,10 +26,6 @@ SETTLE = 0.002
 """At most this long a paused cycle waits for its asynchronous writes (``settle``)."""
 
 
-def _noop() -> None:
-    return None
-
-
 async def run_scheduler(engine: Engine, wake: asyncio.Event) -> None:
     """Run cycles while there is work; sleep until ``wake`` or the next hold timer."""
     sched = engine.scheduler
@@ -70,13 +66,13 @@ async def settle(sched: Scheduler) -> None:
             if not settled.done():
                 settled.set_result(None)
 
-        sched.settled = done
+        before, sched.settled = sched.settled, done
         try:
             await asyncio.wait_for(settled, SETTLE)
         except asyncio.TimeoutError:
             pass  # slow clients' writes: they hold up this slice only
         finally:
-            sched.settled = _noop
+            sched.settled = before
     sched.next_slice()
 
 

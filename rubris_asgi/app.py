@@ -605,8 +605,13 @@ class Rubris:
 
     def _draining(self, s: Session) -> bool:
         """Whether shutdown should still wait for ``s`` to take its last frames."""
-        if not s.has_work() or s.sink is None:
+        sink = s.sink
+        if isinstance(sink, LongPollSession) and sink.answering():
+            # its last frame (the GOODBYE) is handed to a poll not yet answered: ending the
+            # session now would drop the frame and the poll would answer 204
+            return True
+        if not s.has_work() or sink is None:
             return False
-        if isinstance(s.sink, LongPollSession):
-            return s.sink.takes_goodbye(self.engine.clock())
+        if isinstance(sink, LongPollSession):
+            return sink.takes_goodbye(self.engine.clock())
         return True

@@ -190,6 +190,11 @@ class LongPollSession:
         """Whether a poll is waiting for a frame now."""
         return self.waiter is not None and not self.waiter.done()
 
+    def answering(self) -> bool:
+        """Whether a frame has been handed to a waiting poll that has not answered yet."""
+        w = self.waiter
+        return w is not None and w.done() and self.last is not None
+
     def takes_goodbye(self, now: float) -> bool:
         """Whether a GOODBYE queued now would reach the client: it is polling, or polled
         within the last second and is about to poll again."""

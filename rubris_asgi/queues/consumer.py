@@ -20,6 +20,7 @@ consumers that do not run CoDel themselves: a third-party client, a stalled tab.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from ..errors import ErrorCode, ProtocolError
@@ -186,7 +187,7 @@ class QueueSub(Sub):
             base = self.queue.settings
             codel.target = max(base.codel_target or codel.target, est.processing)
             codel.interval = max(base.codel_interval, 2 * est.processing)
-        if out:
+        if len(out) > self.in_hand():
             oldest_sent = out[next(iter(out))][1]
             # the time an item may take without a standing queue: round trip + processing, plus
             # one processing time for the item that may be in progress when it arrives
@@ -197,7 +198,9 @@ class QueueSub(Sub):
             )
             drop = codel.should_drop(now - oldest_sent - allowance, now)
         else:
-            drop = codel.should_drop(0.0, now)  # an empty buffer: no standing queue
+            # nothing beyond what the consumer may be working on: no standing queue (CoDel
+            # never drops a queue's last packet); revoking those would have them done twice
+            drop = codel.should_drop(0.0, now)
         if codel.dropping:
             # CoDel's own memory: a queue that comes back within 16 intervals is the same one
             self.capped_until = now + 16 * codel.interval
@@ -212,6 +215,16 @@ class QueueSub(Sub):
         q.stats.revoked += 1
         q.requeue([item])
         return tag
+
+    def in_hand(self) -> int:
+        """Outstanding items the consumer may have started: the one in progress (the oldest,
+        as consumers take items in order) and those finished whose ACKs are on their way (a
+        round trip's worth); CoDel revokes only beyond these."""
+        est = self.estimator
+        rtt = est.round_trip
+        if not est.processing or rtt is None:
+            return 1
+        return 1 + math.ceil(rtt / est.processing)
 
     def __repr__(self) -> str:
         return (

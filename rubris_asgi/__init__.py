@@ -4,11 +4,12 @@ Fair, coalesced batches over WebSocket and HTTP long-poll, with per-message defl
 outbound buffers and lossless private queues. See docs/ for the guide.
 """
 
-from .app import Rubris, Stats
+from .app import Rubris
 from .buffers import PoolConfig
 from .compression import Compressor, Decompressor
 from .config import BatchConfig, Config, FlowConfig, Limits, Timing, WriterConfig
 from .errors import (
+    BrokerUnavailable,
     ErrorCode,
     MessageTooLarge,
     ProtocolError,
@@ -22,11 +23,13 @@ from .middleware import RubrisMiddleware
 from .protocol import Codec, Mode
 from .serving import Server, serve
 from .session import Session
+from .stats import Stats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BatchConfig",
+    "BrokerUnavailable",
     "Codec",
     "Compressor",
     "Config",

@@ -33,6 +33,7 @@ from starlette.routing import BaseRoute, Route
 from .batches import ItemRef, parse_item
 from .batches.ids import BATCH_ID
 from .batches.service import Batches
+from .brokers import Broker, LocalBroker
 from .channels import Channel, Registry
 from .config import Config
 from .engine import Engine
@@ -47,6 +48,9 @@ _Item = tuple[QueueTopic, bytes, "str | None", "str | None"]
 FILL_HEADER = "Rubris-Fill"
 RETRY_AFTER = 1
 """Seconds a 429 asks a publisher to wait: about how long the cycle needs to make room."""
+BROKER_RETRY_AFTER = 1
+"""Seconds a 503 asks a publisher to wait while the broker is unreachable (it reconnects by
+itself, retrying within a second)."""
 
 _JSON = "application/json"
 _NDJSON = "application/x-ndjson"
@@ -88,6 +92,9 @@ class HttpApi:
         self._batch_lock = asyncio.Lock()
         self.accepting = True
         """False from the start of a graceful shutdown: requests get 503."""
+        self.broker: Broker = LocalBroker()
+        """Where shared publishes are numbered (set by ``Rubris``): 503 while it cannot
+        take them, before the intake promises to."""
 
     @property
     def enabled(self) -> bool:
@@ -122,6 +129,12 @@ class HttpApi:
             return self.refusal(r)
         except ProtocolError as exc:  # too many topics on this server
             return self.refusal(Refusal(503, str(exc)))
+        if not self.broker.accepting(len(items), sum(len(p) for _, p in items)):
+            return self._answer(
+                {"error": "the broker (Redis) cannot take messages now"},
+                503,
+                {"Retry-After": str(BROKER_RETRY_AFTER)},
+            )
         if not engine.offer(items):
             return self._full(len(items))
         return self._answer({"accepted": len(items), "duplicates": 0})

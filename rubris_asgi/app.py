@@ -17,7 +17,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -31,23 +31,23 @@ from .batch_api import BatchApi
 from .batch_topics import AuthorizeBatch, BatchTopics
 from .batches import BatchStore, ItemRef, SQLiteBatchStore, parse_item
 from .batches.service import Batches
-from .buffers import PoolStats
+from .brokers import Broker, broker_from
 from .channels import _UNSET, Registry
-from .compression import CompressionStats, Compressor, Decompressor
+from .compression import Compressor, Decompressor
 from .config import Config
 from .dispatch import Dispatcher
 from .engine import Engine
 from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
-from .intake import IntakeStats
 from .loops import housekeeping, queue_ticks, run_scheduler
 from .observer import Observer
 from .ops import OpsPage
 from .protocol import Codec, Mode
 from .queues import QueueSettings, QueueStats, QueueTopic
-from .scheduler import CycleStats
 from .session import Session, SessionState
+from .stats import Stats, collect_stats
 from .threads import call_in_loop
 from .topic_api import TopicApi
+from .topics import SharedTopic
 from .transports.gateway import Authenticate, Gateway
 from .transports.longpoll import LongPollSession, LongPollTransport
 from .transports.websocket import WebSocketTransport
@@ -91,28 +91,6 @@ def _batches(spec: Batches | BatchStore | str | bool, config: Config) -> Batches
     return Batches(spec, config.batches)
 
 
-def _total(parts: Any) -> QueueStats:
-    total = QueueStats()
-    for p in parts:
-        total.add(p)
-    return total
-
-
-@dataclass(frozen=True)
-class Stats:
-    """A snapshot of the engine's counters (``Rubris.stats()``)."""
-
-    sessions: int
-    connected: int
-    topics: int
-    cycle: CycleStats
-    pool: PoolStats
-    compression: CompressionStats
-    intake: IntakeStats
-    queues: QueueStats
-    """Every queue topic's counters and gauges, added up."""
-
-
 class Rubris:
     """A push-messaging engine as an ASGI app: mount it, register channels, publish.
 
@@ -144,6 +122,9 @@ class Rubris:
         stats_dir: a directory the workers of one host share so that any of them answers the
             ops page and ``/metrics`` for all (workers.py); default ``$RUBRIS_STATS_DIR``, then
             ``$PROMETHEUS_MULTIPROC_DIR``; without one a worker shows only itself.
+        broker: how several workers and hosts share the shared topics: a ``Broker``
+            (``RedisBroker(url, ...)``), a Redis URL, or None: ``$RUBRIS_REDIS_URL`` when set,
+            else this process alone. docs/operations.md, "Several workers and hosts".
     """
 
     def __init__(
@@ -162,6 +143,7 @@ class Rubris:
         authorize_batch: AuthorizeBatch | None = None,
         ops: bool = False,
         stats_dir: str | None = None,
+        broker: Broker | str | None = None,
     ) -> None:
         config = config or Config()
         if compress_at is not _UNSET:
@@ -177,6 +159,9 @@ class Rubris:
             authenticate=authenticate,
             allowed_origins=allowed_origins,
         )
+        self.broker = broker_from(broker)
+        """Where shared publishes are numbered: this process (``LocalBroker``) or Redis."""
+        self.dispatcher.broker = self.broker
         self.websocket = WebSocketTransport(self.gateway)
         self.longpoll = LongPollTransport(self.gateway)
         self.engine.on_session_end = self._session_ended
@@ -190,6 +175,7 @@ class Rubris:
         self.api = HttpApi(
             self.engine, self.registry, config, token=api_token, authorize=authorize_api
         )
+        self.api.broker = self.broker
         self._batches = _batches(batches, config)
         batch_routes = []
         if self._batches is not None:
@@ -306,26 +292,40 @@ class Rubris:
     # publishing
 
     def publish(self, name: str, value: Any) -> int:
-        """Publish to a shared topic; O(1), never blocks; returns the message's seq.
+        """Publish to a shared topic; O(1), never blocks; returns the message's seq (0 with
+        a distributed broker, which numbers it: ``publish_async`` waits for the seq).
 
-        Raises ``ProtocolError`` (code 3) when no shared channel matches ``name`` and
-        ``MessageTooLarge`` over the writer pool's maximum. Safe from any thread: called from
-        one that is not the server's event loop (a Django sync view), it hands the call to the
-        loop and waits for it (``_from_thread``).
+        Raises ``ProtocolError`` (code 3) when no shared channel matches ``name``,
+        ``MessageTooLarge`` over the writer pool's maximum and ``BrokerUnavailable`` while
+        Redis cannot take it. Safe from any thread: called from one that is not the server's
+        event loop (a Django sync view), it hands the call to the loop and waits for it.
         """
         if self._thread and self._thread != threading.get_ident():
             return call_in_loop(self._loop, self._publish, name, value)
         return self._publish(name, value)
 
     def _publish(self, name: str, value: Any) -> int:
+        return self.engine.publish(self._shared(name), value)
+
+    def _shared(self, name: str) -> SharedTopic:
         t = self.engine.topics.get(name)
-        if t is None:
-            found = self.registry.match(name)
-            if found is None or not found[0].shared:
-                raise ProtocolError(f"no shared channel matches {name!r}", ErrorCode.UNKNOWN)
-            ch = found[0]
-            t = self.engine.topic_of(name, ch)
-        return self.engine.publish(t, value)
+        if t is not None:
+            return t
+        found = self.registry.match(name)
+        if found is None or not found[0].shared:
+            raise ProtocolError(f"no shared channel matches {name!r}", ErrorCode.UNKNOWN)
+        return self.engine.topic_of(name, found[0])
+
+    async def publish_async(self, name: str, value: Any) -> int:
+        """Publish to a shared topic and return its seq once numbered: at once alone, once
+        Redis numbered it with a ``RedisBroker`` (the same seq on every node). Raises as
+        ``publish`` does."""
+        self._on_loop("publish_async")
+        t = self._shared(name)
+        if not self.broker.distributed:
+            return self.engine.publish(t, value)
+        data, compressed = self.engine.prepare(t, value)
+        return await self.broker.numbered(t, data, compressed)
 
     def _queue(self, name: str) -> QueueTopic:
         q = self.engine.queues.get(name)
@@ -448,17 +448,7 @@ class Rubris:
         return list(self.engine.sessions.values())
 
     def stats(self) -> Stats:
-        e = self.engine
-        return Stats(
-            sessions=len(e.sessions),
-            connected=sum(1 for s in e.sessions.values() if s.state is SessionState.CONNECTED),
-            topics=len(e.topics),
-            cycle=replace(e.scheduler.stats),
-            pool=replace(e.pool.stats),
-            compression=replace(e.compression.stats),
-            intake=e.intake.snapshot(),
-            queues=_total(q.snapshot() for q in e.queues.values()),
-        )
+        return collect_stats(self.engine, self.broker)
 
     def _session_ended(self, s: Session) -> None:
         self.dispatcher.cancel_session(s)
@@ -535,6 +525,7 @@ class Rubris:
             return
         self.registry.freeze()
         loop = asyncio.get_running_loop()
+        await self.broker.start(self.engine)  # first: a broker out of reach fails the start
         self._loop = loop
         self._thread = threading.get_ident()
         self._wake = asyncio.Event()
@@ -544,7 +535,7 @@ class Rubris:
         self._tasks = [
             loop.create_task(run_scheduler(self.engine, self._wake), name="rubris-scheduler"),
             loop.create_task(
-                housekeeping(self.engine, self.config, self.longpoll, self.websocket),
+                housekeeping(self.engine, self.config, self.longpoll, self.websocket, self.broker),
                 name="rubris-housekeeping",
             ),
             loop.create_task(queue_ticks(self.engine), name="rubris-queue-ticks"),
@@ -594,6 +585,7 @@ class Rubris:
         self._tasks = []
         self.board.close()
         await self.dispatcher.cancel_all()
+        await self.broker.stop()  # what was published before the end reaches Redis
         if self._batches is not None:
             # what consumers ACKed before the end reaches the store before it closes
             with contextlib.suppress(Exception):

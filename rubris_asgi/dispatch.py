@@ -16,11 +16,19 @@ from typing import Any
 
 import orjson
 
+from .brokers import Broker, LocalBroker
 from .channels import Channel, Registry
 from .compression import Decompressor, inflate
 from .config import Config
 from .engine import Engine
-from .errors import ErrorCode, MessageTooLarge, ProtocolError, QueueFull, Reject
+from .errors import (
+    BrokerUnavailable,
+    ErrorCode,
+    MessageTooLarge,
+    ProtocolError,
+    QueueFull,
+    Reject,
+)
 from .flow import on_nak
 from .protocol import (
     Ack,
@@ -44,6 +52,8 @@ from .protocol import (
 )
 from .session import Session, SessionState
 
+ENDED = (SessionState.CLOSED, SessionState.CLOSING)
+
 log = logging.getLogger("rubris_asgi")
 
 _CLIENT_KINDS = (Subscribe, Unsubscribe, Call, Ack, Nack, Nak, Ping, Publish)
@@ -65,6 +75,9 @@ class Dispatcher:
         self.registry = registry
         self.config = config
         self.decompressor = decompressor
+        self.broker: Broker = LocalBroker()
+        """Where shared topics are numbered (set by ``Rubris``): a subscriber's topic is
+        followed there before the subscription reads it."""
         self.tasks: set[asyncio.Task[None]] = set()
         self.session_tasks: dict[str, set[asyncio.Task[None]]] = {}
 
@@ -147,8 +160,12 @@ class Dispatcher:
         try:
             if ch.shared:
                 t = e.topic_of(m.name, ch)
-                if initial is not None and t.seq == 0:
-                    e.publish(t, initial)
+                if self.broker.distributed:
+                    await self.broker.follow(t)  # its epoch, seq, ring or snapshot: Redis's
+                    if s.state in ENDED:  # while Redis answered
+                        return
+                if initial is not None:
+                    e.publish_first(t, initial)
                 e.subscribe(s, t, m.req, m.epoch, m.since)
             elif ch.mode == Mode.QUEUE:
                 prefetch = _prefetch(params, ch)
@@ -163,7 +180,7 @@ class Dispatcher:
                     codec=ch.codec,
                     compress_at=ch.compress_at,
                 )
-        except (ProtocolError, MessageTooLarge) as exc:
+        except (ProtocolError, MessageTooLarge, BrokerUnavailable) as exc:
             e.reject(s, m.req, exc.code, str(exc))
 
     async def _publish(self, s: Session, m: Publish) -> None:
@@ -191,7 +208,9 @@ class Dispatcher:
         except (ProtocolError, MessageTooLarge) as exc:
             e.reject(s, m.req, exc.code, str(exc))
             return
-        if not e.offer([(t, payload)], s):
+        if not self.broker.accepting(1, len(payload)):
+            e.reject(s, m.req, ErrorCode.TOO_MANY, "broker unavailable")
+        elif not e.offer([(t, payload)], s):
             e.reject(s, m.req, ErrorCode.TOO_MANY, f"ingest full ({e.intake.fill} %)")
 
     def _call(self, s: Session, m: Call) -> None:

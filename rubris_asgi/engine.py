@@ -46,6 +46,14 @@ ITEM_HEADER = 48
 """An ITEM's bytes besides its payload, at most: kind, length, topic, tag, attempt."""
 
 
+RELAY_PUBLISH = 0
+"""A publish a broker may refuse (``BrokerUnavailable``)."""
+RELAY_FIRST = 1
+"""A first value: numbered only if the topic has no message yet; may be refused."""
+RELAY_TAKEN = 2
+"""A message the intake took earlier: promised, so never refused."""
+
+
 def new_epoch() -> int:
     """A fresh epoch: random, so numbering from a restarted server is never mistaken."""
     return secrets.randbits(48) or 1
@@ -101,6 +109,11 @@ class Engine:
         self._item_max = self.config.pool.max_size - ITEM_HEADER
         """Queue payloads up to this size need no size check."""
         self._numbers = itertools.count(1)
+        self.relay: Callable[[SharedTopic, bytes, bool, int], int] | None = None
+        """Set by a distributed broker: ``f(topic, payload, compressed, how)`` takes every
+        shared publish to be numbered there (returns 0: the seq is not known yet; ``how``:
+        ``RELAY_PUBLISH``, ``RELAY_FIRST`` or ``RELAY_TAKEN``); the messages come back
+        through :meth:`apply`."""
         self.on_session_end: Callable[[Session], None] | None = None
         self.on_item_end: Callable[[str, bool], None] | None = None
         """Told ``(batch_item, failed)`` when a queue item carrying a batch item ends (set
@@ -285,15 +298,57 @@ class Engine:
     def publish(self, t: SharedTopic, value: Any, stamp: float | None = None) -> int:
         """Publish to a shared topic: encode and compress once, O(1); returns the seq.
 
-        ``stamp``: when the message arrived (the intake's, for publish-to-frame); now if None.
-        Raises ``MessageTooLarge`` (nothing stored, nothing sent) over the pool's maximum.
+        ``stamp``: when the message arrived (the intake's, for publish-to-frame; a message the
+        intake took is never refused by a broker); now if None. Raises ``MessageTooLarge``
+        (nothing stored, nothing sent) over the pool's maximum, ``BrokerUnavailable`` when a
+        distributed broker cannot take it.
         """
         payload = encode_payload(value, t.codec)
         data, compressed = self.compression.maybe_compress(payload, t.compress_at)
         # the PUSH header is at most ~25 bytes; checking the payload against the maximum minus
         # that keeps a message that passes here from being refused when it is written
         self.pool.check_size(len(data) + 32)
+        relay = self.relay
+        if relay is not None:
+            return relay(t, data, compressed, RELAY_PUBLISH if stamp is None else RELAY_TAKEN)
         return t.publish(data, compressed, self.clock() if stamp is None else stamp)
+
+    def prepare(self, t: SharedTopic, value: Any) -> tuple[bytes, bool]:
+        """``value`` encoded for ``t`` and compressed where that pays; size checked."""
+        data, compressed = self.compression.maybe_compress(
+            encode_payload(value, t.codec), t.compress_at
+        )
+        self.pool.check_size(len(data) + 32)
+        return data, compressed
+
+    def publish_first(self, t: SharedTopic, value: Any) -> None:
+        """Publish a first value: only while ``t`` has no message (a subscribe handler's
+        value; with a broker, decided where the topic is numbered, so one node's wins)."""
+        if self.relay is None:
+            if t.seq == 0:
+                self.publish(t, value)
+            return
+        data, compressed = self.prepare(t, value)
+        self.relay(t, data, compressed, RELAY_FIRST)
+
+    def apply(self, t: SharedTopic, seq: int, data: bytes, compressed: bool) -> None:
+        """Store a message numbered by the broker as ``seq`` (greater than ``t.seq``).
+
+        The broker hands a ring topic its messages without a hole (it fetches what it missed
+        first), so the ring holds every seq from its oldest to its head; a snapshot may skip.
+        """
+        t.seq = seq - 1
+        t.publish(data, compressed, self.clock())
+
+    def restart_topic(self, t: SharedTopic, epoch: int) -> None:
+        """The broker numbers ``t`` afresh as ``epoch`` (its store lost the topic): forget what
+        it held and end its subscriptions with UNSUBSCRIBED 11, so clients subscribe again
+        and learn the new epoch instead of taking seq 1 for a message they already had."""
+        for sub in list(t.subs):
+            s = sub.session
+            if isinstance(s, Session):
+                self.unsubscribe(s, sub.number, ErrorCode.RESTARTED, "topic restarted")
+        t.reset(epoch)
 
     def check_payload(self, size: int) -> None:
         """Raise ``MessageTooLarge`` for a payload of ``size`` bytes no frame could carry."""
@@ -629,4 +684,11 @@ class Engine:
             )
 
 
-__all__ = ["Engine", "encode_payload", "new_epoch"]
+__all__ = [
+    "RELAY_FIRST",
+    "RELAY_PUBLISH",
+    "RELAY_TAKEN",
+    "Engine",
+    "encode_payload",
+    "new_epoch",
+]

@@ -36,6 +36,7 @@ class ErrorCode(IntEnum):
     SESSION_EXPIRED = 8
     SHUTTING_DOWN = 9
     REJECTED = 10
+    RESTARTED = 11
 
 
 class RubrisError(Exception):
@@ -66,6 +67,14 @@ class MessageTooLarge(RubrisError):
 class QueueFull(RubrisError):
     """``send_nowait`` found the session's private queue for that topic at capacity, or
     ``enqueue`` found a work queue at its ``max_length``; nothing was added."""
+
+    code = ErrorCode.TOO_MANY
+
+
+class BrokerUnavailable(RubrisError):
+    """The broker that numbers shared publishes across nodes (Redis) cannot take one now: it
+    is unreachable, or what waits for it reached its bound. Nothing of this publish was
+    accepted; what was accepted before is kept and sent when the broker is back."""
 
     code = ErrorCode.TOO_MANY
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 
+from .brokers import Broker
 from .config import Config
 from .engine import Engine
 from .scheduler import Scheduler
@@ -20,6 +21,8 @@ from .transports.websocket import WebSocketTransport
 
 log = logging.getLogger("rubris_asgi")
 
+BROKER_SWEEP = 5.0
+"""Seconds between the broker's upkeep (topics left without subscribers, the position check)."""
 QUEUE_TICK = 0.005
 """Seconds between server-side CoDel checks: well under CoDel's interval / sqrt(count) steps."""
 SETTLE = 0.002
@@ -85,14 +88,23 @@ async def queue_ticks(engine: Engine) -> None:
 
 
 async def housekeeping(
-    engine: Engine, config: Config, longpoll: LongPollTransport, websocket: WebSocketTransport
+    engine: Engine,
+    config: Config,
+    longpoll: LongPollTransport,
+    websocket: WebSocketTransport,
+    broker: Broker,
 ) -> None:
-    """Expire detached sessions and idle long-poll sessions; end sessions blocked too long."""
+    """Expire detached sessions and idle long-poll sessions; end sessions blocked too long;
+    the broker's upkeep every ``BROKER_SWEEP`` seconds."""
     timing = config.timing
     writer = config.writer
+    swept = engine.clock()
     while True:
         await asyncio.sleep(min(0.25, timing.session_timeout / 4, writer.max_blocked / 4))
         now = engine.clock()
         engine.expire()
         longpoll.expire(now)
         await websocket.close_blocked(now)
+        if now - swept >= BROKER_SWEEP:
+            swept = now
+            broker.sweep(now)

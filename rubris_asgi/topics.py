@@ -103,6 +103,14 @@ class SharedTopic:
             self._on_dirty(self)
         return seq
 
+    def reset(self, epoch: int) -> None:
+        """Number afresh under ``epoch``: nothing held (its subscribers are gone first)."""
+        self.epoch = epoch
+        self.seq = 0
+        self.msg = b""
+        self.ring = [b""] * self.cap
+        self.stamps = [0.0] * self.cap
+
     @property
     def oldest(self) -> int:
         """The oldest seq a ring still holds (head + 1 when empty)."""

@@ -1,0 +1,99 @@
+"""``Broker``: where a node's shared publishes are numbered, and how every node hears them.
+
+A *node* is one started ``Rubris`` (a worker process). Alone, a node numbers its own topics:
+that is the ``LocalBroker``, the default, which adds nothing to the path of a publish (the
+engine stores the message in its topic at once, O(1)). Several nodes share a *distributed*
+broker (``RedisBroker``): it sets ``engine.relay`` so every shared publish goes to it, numbers
+each message once for all nodes (same seq, same epoch everywhere), keeps the ring and the
+snapshot where every node can read them, and hands each message back to every node that
+*follows* its topic (has subscribers to it) through ``engine.apply``, in seq order.
+
+The engine knows nothing of this but the relay and ``apply``; the dispatcher awaits
+``follow(topic)`` before a subscriber reads a topic's state, and the HTTP API asks
+``accepting()`` before its intake takes messages it must then never lose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..engine import Engine
+from ..topics import SharedTopic
+
+
+@dataclass
+class BrokerStats:
+    """Counters of a broker (``Rubris.stats().broker``)."""
+
+    up: bool = True
+    """Whether publishes are taken now."""
+    relayed: int = 0
+    """Publishes handed to the broker to be numbered."""
+    numbered: int = 0
+    """Of those, numbered by it (a first value refused because the topic had one is not)."""
+    refused: int = 0
+    """Publishes refused with ``BrokerUnavailable`` (unreachable, or the outbox full)."""
+    pending: int = 0
+    """Publishes waiting to be numbered now (the outbox)."""
+    received: int = 0
+    """Messages heard from the broker and stored in a followed topic."""
+    fetched: int = 0
+    """Messages read from the broker's history to fill a hole (a reconnect, a follow)."""
+    restarted: int = 0
+    """Followed topics whose numbering the broker restarted (it lost them)."""
+    following: int = 0
+    """Topics this node follows now."""
+    outages: int = 0
+    """Times the connection to the broker was lost."""
+
+
+class Broker:
+    """The base class of brokers; also what a broker must do, method by method."""
+
+    distributed: ClassVar[bool] = False
+    """True when other nodes share the numbering (publishes go through ``engine.relay``)."""
+
+    def __init__(self) -> None:
+        self.counters = BrokerStats()
+
+    async def start(self, engine: Engine) -> None:
+        """Connect (raise ``BrokerUnavailable`` if that fails) and start hearing."""
+
+    async def stop(self) -> None:
+        """Send what waits (within a bound) and disconnect."""
+
+    async def follow(self, topic: SharedTopic) -> None:
+        """Make ``topic``'s state the broker's (epoch, seq, ring or snapshot) and keep it so
+        while it has subscribers here. Raises ``BrokerUnavailable`` when that cannot be done."""
+
+    def accepting(self, messages: int, nbytes: int) -> bool:
+        """Whether ``messages`` publishes of ``nbytes`` would be taken now, all of them."""
+        return True
+
+    async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
+        """Publish an encoded payload and wait until it is numbered; its seq. Raises
+        ``BrokerUnavailable`` when it cannot be taken."""
+        raise NotImplementedError
+
+    def sweep(self, now: float) -> None:
+        """Periodic upkeep (every few seconds): stop following topics left without
+        subscribers, keep the followed ones alive in the broker."""
+
+    def stats(self) -> BrokerStats:
+        return self.counters
+
+
+class LocalBroker(Broker):
+    """One node: the engine numbers its own topics. Nothing to connect, nothing to follow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._engine: Engine | None = None
+
+    async def start(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
+        assert self._engine is not None, "start() first"
+        return topic.publish(payload, compressed, self._engine.clock())

@@ -1,0 +1,551 @@
+"""``RedisBroker``: several nodes (workers, hosts) share their shared topics through Redis.
+
+Needs ``redis`` (``rubris-asgi[redis]``) and a standalone Redis server, 5.0 or later; run it
+with persistence (``appendonly yes``) so that a restart keeps every topic's numbering.
+
+**Publishing.** A shared publish is encoded and compressed once, on the node where it is made,
+and joins this node's *outbox*; one task sends the outbox in batches, each batch one script
+(``redis_scripts.PUBLISH``) that numbers every message atomically (the same seq and epoch for
+every node), keeps it in the topic's ring or snapshot in Redis and publishes it on the topic's
+channel. A batch whose answer was lost with the connection is sent again under the same id,
+and Redis answers it from the first run: nothing is numbered twice. ``publish`` never waits:
+it returns 0, the seq being Redis's to give (``Rubris.publish_async`` waits for it).
+
+**Hearing.** A node *follows* a topic while it has subscribers to it: it subscribes to the
+topic's channel, then reads the topic's state (``redis_scripts.HISTORY``: epoch, seq, ring or
+snapshot) into its own ``SharedTopic``; from then on every message of the channel is stored
+there (``engine.apply``) and reaches its subscribers through the scheduler as any publish
+does. A ring must hold every seq from its oldest to its head, so a message that skips some
+(missed while the connection was down) makes the node read what it missed from Redis first,
+keeping what arrives meanwhile; a snapshot just takes the newest value.
+
+**Failure.** When Redis is unreachable, ``publish`` raises ``BrokerUnavailable`` (and the HTTP
+API answers 503, a client's PUBLISH gets REJECTED 6); what was accepted before stays in the
+outbox and is sent when Redis is back. Subscribers stay connected: the node reconnects by
+itself, subscribes to its channels again and reads from each followed topic's history what it
+missed. A topic Redis lost (restarted without persistence) comes back under a new epoch: its
+subscribers get UNSUBSCRIBED 11 and subscribe again, recovered=0.
+
+Bounds: the outbox holds at most ``outbox_messages`` publishes and ``outbox_bytes`` of payload
+(a publish beyond is refused; messages the intake already took are always kept, the intake
+being bounded itself); a topic catching up keeps at most its ring's worth of new messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import secrets
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..engine import RELAY_FIRST, RELAY_TAKEN, Engine
+from ..errors import BrokerUnavailable
+from ..topics import RING, SharedTopic
+from . import redis_scripts
+from .base import Broker, BrokerStats
+
+log = logging.getLogger("rubris_asgi.broker")
+
+DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+"""What a lost or unreachable Redis raises."""
+BATCH = 256
+"""Publishes in one script call at most: one call blocks Redis for well under a millisecond."""
+BACKOFF = (0.05, 1.0)
+"""Seconds between reconnection attempts: first, most (doubling)."""
+IDLE_FOLLOW = 30.0
+"""Seconds a followed topic stays followed without subscribers (a page reload comes back)."""
+REFRESH = 60.0
+"""Seconds between refreshes of the followed topics' expiry in Redis."""
+
+_JOINING, _LIVE = 0, 1
+
+
+class _Follow:
+    """A followed topic: its state of hearing, and what arrived while it caught up."""
+
+    __slots__ = ("topic", "state", "held", "ready", "idle_since")
+
+    def __init__(self, topic: SharedTopic) -> None:
+        self.topic = topic
+        self.state = _JOINING
+        self.held: deque[tuple[int, int, bytes, bool]] = deque(maxlen=topic.cap + 1)
+        """Messages heard while catching up: (epoch, seq, payload, compressed)."""
+        self.ready: asyncio.Future[None] | None = None
+        self.idle_since = 0.0
+
+
+class _Entry:
+    """One publish in the outbox."""
+
+    __slots__ = ("topic", "payload", "compressed", "first", "done")
+
+    def __init__(
+        self,
+        topic: SharedTopic,
+        payload: bytes,
+        compressed: bool,
+        first: bool,
+        done: asyncio.Future[int] | None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.compressed = compressed
+        self.first = first
+        self.done = done
+
+
+class RedisBroker(Broker):
+    """Shared topics numbered and kept in Redis, heard by every node through pub/sub.
+
+    Args:
+        url: ``redis://host:port/db`` (``rediss://`` for TLS, ``unix://`` for a socket).
+        prefix: put before every key and channel (several apps on one Redis).
+        history_ttl: seconds a topic's state lives in Redis after its last use.
+        outbox_messages / outbox_bytes: the bounds of what waits to be sent to Redis.
+        connect_timeout: seconds ``start`` waits for Redis before it fails.
+    """
+
+    distributed = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "rubris:",
+        history_ttl: float = 86_400.0,
+        outbox_messages: int = 10_000,
+        outbox_bytes: int = 16 * 1024 * 1024,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        super().__init__()
+        if history_ttl <= 0 or outbox_messages < 1 or outbox_bytes < 1:
+            raise ValueError("history_ttl, outbox_messages and outbox_bytes must be positive")
+        self.url = url
+        self.prefix = prefix
+        self.ttl_ms = str(int(history_ttl * 1000))
+        self.outbox_messages = outbox_messages
+        self.outbox_bytes = outbox_bytes
+        self.connect_timeout = connect_timeout
+        self._channel = (prefix + "c:").encode()
+        self._node = secrets.token_hex(6)
+        self._batches = itertools.count(1)
+        self._engine: Engine | None = None
+        self._redis: aioredis.Redis | None = None
+        self._pubsub: Any = None
+        self._following: dict[str, _Follow] = {}
+        self._confirm: dict[bytes, asyncio.Future[None]] = {}
+        self._outbox: deque[_Entry] = deque()
+        self._outbox_size = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._writer_down = False
+        self._reader_down = False
+        self._refreshed = 0.0
+        self._emptied = asyncio.Event()
+
+    # life
+
+    async def start(self, engine: Engine) -> None:
+        self._engine = engine
+        # no retries inside redis-py: a lost connection must reach this code, which then
+        # subscribes again and reads what it missed (redis-py would resubscribe silently)
+        self._redis = aioredis.from_url(
+            self.url,
+            socket_connect_timeout=self.connect_timeout,
+            socket_timeout=self.connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=5,
+        )
+        try:
+            await asyncio.wait_for(self._redis.ping(), self.connect_timeout)
+        except (*DOWN, asyncio.TimeoutError) as exc:
+            await self._redis.aclose()
+            self._redis = None
+            raise BrokerUnavailable(f"cannot reach Redis at {self.url}: {exc}") from exc
+        self._publish_script = self._redis.register_script(redis_scripts.PUBLISH)
+        self._history_script = self._redis.register_script(redis_scripts.HISTORY)
+        self._pubsub = await self._open_pubsub()
+        engine.relay = self.relay
+        self._tasks = [
+            asyncio.create_task(self._write_loop(), name="rubris-broker-writer"),
+            asyncio.create_task(self._read_loop(), name="rubris-broker-reader"),
+        ]
+
+    async def stop(self, flush: float = 5.0) -> None:
+        """Send what waits, for at most ``flush`` seconds, then disconnect."""
+        if self._engine is not None:
+            self._engine.relay = None
+        if self._outbox:
+            self._emptied.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._emptied.wait(), flush)
+        if self._outbox:
+            log.error("Redis broker stopped with %d publishes not sent", len(self._outbox))
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        lost = BrokerUnavailable("the broker stopped before this publish was numbered")
+        while self._outbox:
+            entry = self._outbox.popleft()
+            if entry.done is not None and not entry.done.done():
+                entry.done.set_exception(lost)
+        self._outbox_size = 0
+        for f in self._following.values():
+            if f.ready is not None and not f.ready.done():
+                f.ready.set_exception(lost)
+        self._following.clear()
+        await self._close_pubsub()
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    # publishing
+
+    def accepting(self, messages: int, nbytes: int) -> bool:
+        return (
+            not self._writer_down
+            and not self._reader_down
+            and len(self._outbox) + messages <= self.outbox_messages
+            and self._outbox_size + nbytes <= self.outbox_bytes
+        )
+
+    def relay(self, topic: SharedTopic, payload: bytes, compressed: bool, how: int) -> int:
+        """``engine.relay``: into the outbox, or ``BrokerUnavailable``; returns 0."""
+        if how != RELAY_TAKEN and not self.accepting(1, len(payload)):
+            self._refuse()
+        self._put(_Entry(topic, payload, compressed, how == RELAY_FIRST, None))
+        return 0
+
+    async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
+        if not self.accepting(1, len(payload)):
+            self._refuse()
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._put(_Entry(topic, payload, compressed, False, done))
+        return await done
+
+    def _refuse(self) -> None:
+        self.counters.refused += 1
+        if self._writer_down or self._reader_down:
+            raise BrokerUnavailable("Redis is unreachable: publish refused, try again shortly")
+        raise BrokerUnavailable("too many publishes waiting for Redis: try again shortly")
+
+    def _put(self, entry: _Entry) -> None:
+        self._outbox.append(entry)
+        self._outbox_size += len(entry.payload)
+        self.counters.relayed += 1
+        self._wake.set()
+
+    async def _write_loop(self) -> None:
+        outbox = self._outbox
+        while True:
+            if not outbox:
+                self._wake.clear()
+                await self._wake.wait()
+            batch = list(itertools.islice(outbox, BATCH))
+            try:
+                seqs = await self._send(batch, f"{self._node}:{next(self._batches)}")
+            except Exception as exc:  # a script error: a bug, never a reason to stop
+                log.exception("Redis refused a batch of %d publishes; they are dropped", len(batch))
+                seqs = [0] * len(batch)
+                for entry in batch:
+                    if entry.done is not None and not entry.done.done():
+                        entry.done.set_exception(BrokerUnavailable(f"Redis refused it: {exc}"))
+            for _ in batch:
+                outbox.popleft()
+            for entry, seq in zip(batch, seqs, strict=True):
+                self._outbox_size -= len(entry.payload)
+                if seq:
+                    self.counters.numbered += 1
+                if entry.done is not None and not entry.done.done():
+                    entry.done.set_result(int(seq))
+            if not outbox:
+                self._emptied.set()
+
+    async def _send(self, batch: Sequence[_Entry], batch_id: str) -> list[int]:
+        """One script call numbering ``batch``, retried under the same id until Redis answers."""
+        args: list[Any] = [self.prefix, self.ttl_ms, str(_epoch()), batch_id]
+        for e in batch:
+            t = e.topic
+            args += [t.name, int(t.mode), t.cap, int(e.first), int(e.compressed), e.payload]
+        delay = BACKOFF[0]
+        while True:
+            try:
+                seqs: list[int] = await self._publish_script(args=args)
+            except DOWN as exc:
+                self._down("writer", exc)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, BACKOFF[1])
+                continue
+            if self._writer_down:
+                self._writer_down = False
+                log.warning("Redis reachable again: publishing resumed")
+            return seqs
+
+    def _down(self, who: str, exc: BaseException) -> None:
+        was = self._writer_down or self._reader_down
+        if who == "writer":
+            self._writer_down = True
+        else:
+            self._reader_down = True
+        if not was:
+            self.counters.outages += 1
+            log.warning("Redis unreachable (%s): %s; publishes refused until it is back", who, exc)
+
+    # hearing
+
+    async def follow(self, topic: SharedTopic) -> None:
+        f = self._following.get(topic.name)
+        if f is not None and f.topic is not topic:  # the engine dropped the old one (batches)
+            del self._following[topic.name]
+            f = None
+        if f is None:
+            if self._reader_down:
+                raise BrokerUnavailable("Redis is unreachable: cannot read this topic now")
+            f = self._following[topic.name] = _Follow(topic)
+            f.ready = asyncio.get_running_loop().create_future()
+            try:
+                await self._subscribe([topic.name])
+                await self._catch_up([f])
+            except BaseException as exc:
+                del self._following[topic.name]
+                if not f.ready.done():
+                    f.ready.set_exception(BrokerUnavailable(f"cannot follow {topic.name}: {exc}"))
+                    f.ready.exception()  # retrieved: nobody else may be waiting
+                if isinstance(exc, DOWN):
+                    raise BrokerUnavailable(f"cannot follow {topic.name}: {exc}") from exc
+                raise
+            f.ready.set_result(None)
+        elif f.ready is not None and not f.ready.done():
+            await asyncio.shield(f.ready)
+        f.idle_since = 0.0
+
+    async def _subscribe(self, names: Sequence[str]) -> None:
+        """SUBSCRIBE to the channels of ``names`` and wait until Redis confirms each: only
+        then is nothing published on them missed."""
+        loop = asyncio.get_running_loop()
+        waits = []
+        for name in names:
+            channel = self._channel + name.encode()
+            fut = self._confirm.get(channel)
+            if fut is None:
+                fut = self._confirm[channel] = loop.create_future()
+            waits.append(fut)
+        await self._pubsub.subscribe(*(self._channel + n.encode() for n in names))
+        await asyncio.wait_for(asyncio.gather(*waits), self.connect_timeout)
+
+    async def _catch_up(self, follows: Sequence[_Follow]) -> None:
+        """Read what each topic missed from Redis's history, then what arrived meanwhile, and
+        make it live. Raises what Redis raises (the caller decides)."""
+        while follows:
+            args: list[Any] = [self.prefix, self.ttl_ms, str(_epoch())]
+            for f in follows:
+                t = f.topic
+                f.state = _JOINING
+                args += [t.name, int(t.mode), str(t.epoch), t.seq]
+            answers = await self._history_script(args=args)
+            again = []
+            for f, answer in zip(follows, answers, strict=True):
+                if not self._settle(f, answer):
+                    again.append(f)
+            follows = again
+
+    def _settle(self, f: _Follow, answer: list[Any]) -> bool:
+        """Store what the history answered, then what was held; False if a hole remains."""
+        engine = self._engine
+        assert engine is not None
+        t = f.topic
+        epoch = int(answer[0])
+        if epoch != t.epoch:
+            self._restart(t, epoch)
+        for entry in answer[2:]:
+            seq_b, flag, payload = entry.split(b":", 2)
+            seq = int(seq_b)
+            if seq > t.seq:
+                engine.apply(t, seq, payload, flag == b"1")
+                self.counters.fetched += 1
+        held = f.held
+        while held:
+            epoch, seq, payload, compressed = held.popleft()
+            if epoch != t.epoch or seq <= t.seq:
+                # read from the history already, or of an epoch the history has left behind
+                # (one newer than the history's is very unlikely; its next message repairs it)
+                continue
+            if seq != t.seq + 1 and t.mode == RING:
+                held.appendleft((epoch, seq, payload, compressed))
+                return False
+            engine.apply(t, seq, payload, compressed)
+            self.counters.received += 1
+        f.state = _LIVE
+        return True
+
+    def _restart(self, t: SharedTopic, epoch: int) -> None:
+        engine = self._engine
+        assert engine is not None
+        if t.seq or t.subs:
+            self.counters.restarted += 1
+            log.warning("topic %s numbered afresh by Redis (epoch %d)", t.name, epoch)
+        engine.restart_topic(t, epoch)
+
+    def _heard(self, channel: bytes, data: bytes) -> None:
+        """One message on a followed topic's channel."""
+        f = self._following.get(channel[len(self._channel) :].decode())
+        if f is None:
+            return  # unfollowed meanwhile
+        epoch_b, seq_b, flag, payload = data.split(b":", 3)
+        epoch, seq, compressed = int(epoch_b), int(seq_b), flag == b"1"
+        if f.state != _LIVE:
+            f.held.append((epoch, seq, payload, compressed))
+            return
+        t = f.topic
+        if epoch == t.epoch:
+            if seq <= t.seq:
+                return  # read from the history already
+            if seq == t.seq + 1 or t.mode != RING:
+                engine = self._engine
+                assert engine is not None
+                engine.apply(t, seq, payload, compressed)
+                self.counters.received += 1
+                return
+        elif seq == 1:  # numbered afresh, and this is its first message: nothing missed
+            self._restart(t, epoch)
+            engine = self._engine
+            assert engine is not None
+            engine.apply(t, seq, payload, compressed)
+            self.counters.received += 1
+            return
+        # a hole: read it from the history, holding what arrives meanwhile
+        f.held.append((epoch, seq, payload, compressed))
+        f.state = _JOINING
+        asyncio.get_running_loop().create_task(self._repair(f))
+
+    async def _repair(self, f: _Follow) -> None:
+        try:
+            await self._catch_up([f])
+        except DOWN as exc:
+            log.warning("cannot read %s's history (%s): the reconnection will", f.topic.name, exc)
+
+    async def _open_pubsub(self) -> Any:
+        assert self._redis is not None
+        ps = self._redis.pubsub()
+        await ps.ping()  # connects now, so start() fails at once on a bad address
+        return ps
+
+    async def _close_pubsub(self) -> None:
+        ps, self._pubsub = self._pubsub, None
+        if ps is not None:
+            with contextlib.suppress(*DOWN):
+                await ps.aclose()
+        for fut in self._confirm.values():
+            if not fut.done():
+                fut.cancel()
+        self._confirm.clear()
+
+    async def _read_loop(self) -> None:
+        delay = BACKOFF[0]
+        while True:
+            try:
+                if self._pubsub is None:
+                    self._pubsub = await self._open_pubsub()
+                    names = list(self._following)
+                    if names:
+                        listen = asyncio.create_task(self._listen(self._pubsub))
+                        try:
+                            await self._subscribe(names)
+                            await self._catch_up(list(self._following.values()))
+                        except BaseException:
+                            listen.cancel()
+                            raise
+                        if self._reader_down:
+                            self._reader_down = False
+                            log.warning("Redis reachable again: %d topics followed", len(names))
+                        delay = BACKOFF[0]
+                        await listen
+                        continue
+                    self._reader_down = False
+                delay = BACKOFF[0]
+                await self._listen(self._pubsub)
+            except DOWN as exc:
+                self._down("reader", exc)
+                for f in self._following.values():
+                    f.state = _JOINING  # what comes after the reconnection waits for history
+                await self._close_pubsub()
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, BACKOFF[1])
+
+    async def _listen(self, ps: Any) -> None:
+        confirm = self._confirm
+        while True:
+            msg = await ps.get_message(timeout=1.0)
+            if msg is None:
+                continue
+            kind = msg["type"]
+            if kind == "message":
+                self._heard(msg["channel"], msg["data"])
+            elif kind == "subscribe":
+                fut = confirm.pop(msg["channel"], None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+
+    # upkeep
+
+    def sweep(self, now: float) -> None:
+        gone = []
+        for name, f in self._following.items():
+            if f.topic.subs or f.state != _LIVE:
+                f.idle_since = 0.0
+            elif not f.idle_since:
+                f.idle_since = now
+            elif now - f.idle_since >= IDLE_FOLLOW:
+                gone.append(name)
+        for name in gone:
+            del self._following[name]
+        if self._pubsub is None or self._reader_down:
+            return
+        loop = asyncio.get_running_loop()
+        if gone:
+            loop.create_task(self._quietly(self._unfollow(gone)))
+        if now - self._refreshed >= REFRESH and self._following:
+            # the position check: every followed topic's state read again, which refreshes
+            # its expiry in Redis and repairs anything missed that nothing else revealed (a
+            # snapshot's last message lost with a connection)
+            self._refreshed = now
+            live = [f for f in self._following.values() if f.state == _LIVE]
+            loop.create_task(self._quietly(self._catch_up(live)))
+
+    async def _unfollow(self, names: list[str]) -> None:
+        await self._pubsub.unsubscribe(*(self._channel + n.encode() for n in names))
+        # followed again while the UNSUBSCRIBE was on its way: that follow's SUBSCRIBE may
+        # have gone first, and this one undone it
+        back = [n for n in names if n in self._following]
+        if back:
+            await self._subscribe(back)
+            await self._catch_up([self._following[n] for n in back if n in self._following])
+
+    async def _quietly(self, aw: Any) -> None:
+        with contextlib.suppress(*DOWN):
+            await aw
+
+    def stats(self) -> BrokerStats:
+        c = self.counters
+        c.up = not (self._writer_down or self._reader_down)
+        c.pending = len(self._outbox)
+        c.following = len(self._following)
+        return c
+
+
+def _epoch() -> int:
+    """An epoch for a topic Redis does not know yet (as ``engine.new_epoch``)."""
+    return secrets.randbits(48) or 1

@@ -1,0 +1,226 @@
+"""Shared topics across nodes through a real Redis (``RedisBroker``).
+
+Each test runs two nodes (two ``Rubris`` on two uvicorn servers, in this loop) on one
+``redis-server`` started for the session; clients reach them directly or through a
+``Balancer``. tests/test_scaleout.py runs real worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from rubris_asgi import BrokerUnavailable, ErrorCode, Rubris
+from rubris_asgi.brokers import RedisBroker
+from rubris_asgi.client import Client
+
+from .apps import make_rubris, starlette_app
+from .lbkit import Balancer
+from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)
+from .server import run_server
+
+TOKEN = "secret"
+
+
+@pytest.fixture
+def url(redis_server: RedisServer) -> str:  # noqa: F811 (the fixture)
+    """The session's Redis, emptied for this test."""
+    redis_server.flush()
+    return redis_server.url
+
+
+async def until(cond: Any, what: str, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not reached in {timeout} s: {what}")
+
+
+@contextlib.asynccontextmanager
+async def nodes(url: str, n: int = 2, **broker: Any) -> AsyncIterator[list[tuple[Rubris, str]]]:
+    """``n`` nodes sharing the Redis at ``url``: (rubris, base URL) each."""
+    rubrises = [
+        make_rubris(broker=RedisBroker(url, **broker), api_token=TOKEN, batches=False)
+        for _ in range(n)
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        bases = [await stack.enter_async_context(run_server(starlette_app(r))) for r in rubrises]
+        yield list(zip(rubrises, bases, strict=True))
+
+
+async def collect(c: Client, name: str) -> tuple[Any, list[tuple[int, Any]]]:
+    got: list[tuple[int, Any]] = []
+    sub = await c.subscribe(name, lambda value, info: got.append((info.seq, value)))
+    return sub, got
+
+
+async def test_a_publish_on_either_node_reaches_both_numbered_once(url: str) -> None:
+    async with nodes(url) as [(a, base_a), (b, base_b)]:
+        async with Client(base_a + "/rubris") as ca, Client(base_b + "/rubris") as cb:
+            sa, got_a = await collect(ca, "ring.t")
+            sb, got_b = await collect(cb, "ring.t")
+            assert sa.epoch == sb.epoch != 0 and sa.head == sb.head == 0
+            for i in range(30):
+                assert (a if i % 2 else b).publish("ring.t", i) == 0  # Redis numbers it
+                if i % 7 == 0:
+                    await asyncio.sleep(0.005)
+            await until(lambda: len(got_a) == len(got_b) == 30, "30 messages on each node")
+            assert got_a == got_b  # the same seq for the same message everywhere
+            assert [seq for seq, _ in got_a] == list(range(1, 31))
+            assert sorted(v for _, v in got_a) == list(range(30))
+            # each publisher's own order is kept
+            assert [v for _, v in got_a if v % 2] == list(range(1, 30, 2))
+            assert await a.publish_async("ring.t", "last") == 31
+            assert await b.publish_async("ring.t", "after") == 32
+            await until(lambda: len(got_b) == 32, "the awaited publishes")
+            st = a.stats().broker
+            assert st.up and st.following == 1 and st.numbered == 16 and st.received == 32
+
+
+async def test_a_new_subscriber_on_another_node_gets_the_snapshot_at_once(url: str) -> None:
+    async with nodes(url) as [(a, _), (_b, base_b)]:
+        # published where nobody subscribes: kept in Redis
+        assert await a.publish_async("snap.AAPL", {"bid": 1}) == 1
+        assert await a.publish_async("snap.AAPL", {"bid": 2}) == 2
+        async with Client(base_b + "/rubris") as cb:
+            sub = await cb.subscribe("snap.AAPL")
+            value, info = await sub.get(timeout=5)
+            assert value == {"bid": 2} and info.seq == 2 and sub.head == 2
+            a.publish("snap.AAPL", {"bid": 3})
+            value, info = await sub.get(timeout=5)
+            assert value == {"bid": 3} and info.seq == 3
+
+
+async def test_the_first_value_is_published_once_however_many_nodes_ask(url: str) -> None:
+    async with nodes(url) as [(_a, base_a), (b, base_b)]:
+        async with Client(base_a + "/rubris") as ca, Client(base_b + "/rubris") as cb:
+            s1, s2 = await asyncio.gather(ca.subscribe("snap.X"), cb.subscribe("snap.X"))
+            for sub in (s1, s2):
+                value, info = await sub.get(timeout=5)
+                assert value == {"initial": "X"} and info.seq == 1
+            assert await b.publish_async("snap.X", "next") == 2
+
+
+async def test_a_client_moved_to_another_node_recovers_its_ring(url: str) -> None:
+    async with nodes(url) as [(a, base_a), (b, base_b)]:
+        async with Balancer([base_a, base_b]) as lb:
+            async with Client(lb.base + "/rubris", backoff=(0.05, 0.2)) as c:
+                sub, got = await collect(c, "ring.r")
+                for i in range(5):
+                    a.publish("ring.r", i)
+                await until(lambda: len(got) == 5, "5 messages on node A")
+                epoch = sub.epoch
+                lb.route(1)
+                lb.cut()
+                await until(lambda: c.state != "open", "the cut seen")
+                for i in range(5, 8):  # while the client is away
+                    b.publish("ring.r", i)
+                await until(lambda: len(got) == 8, "the 3 missed, recovered on node B", 10)
+                assert lb.connections[1] >= 1 and not c.resumed  # a new session on B
+                assert sub.recovered and sub.epoch == epoch and not sub.gaps
+                assert got == [(i + 1, i) for i in range(8)]
+                a.publish("ring.r", 8)  # still one topic: A's publish reaches B's subscriber
+                await until(lambda: len(got) == 9, "a publish on A after the move")
+
+
+async def test_the_http_api_publishes_through_redis(url: str) -> None:
+    async with nodes(url) as [(_a, base_a), (_b, base_b)]:
+        async with Client(base_b + "/rubris") as cb:
+            _, got = await collect(cb, "ring.api")
+            async with httpx.AsyncClient() as http:
+                r = await http.post(
+                    base_a + "/rubris/api/publish",
+                    json=[{"topic": "ring.api", "data": i} for i in range(3)],
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                )
+            assert r.status_code == 200, r.text
+            await until(lambda: len(got) == 3, "3 API messages on node B")
+            assert got == [(1, 0), (2, 1), (3, 2)]
+
+
+async def test_a_node_fills_a_hole_in_a_ring_from_redis(url: str) -> None:
+    """Messages published while a node's subscription to Redis was away are read from the
+    history before anything newer, so its ring never skips a seq."""
+    async with nodes(url) as [(a, _), (b, base_b)]:
+        async with Client(base_b + "/rubris") as cb:
+            _, got = await collect(cb, "ring.h")
+            a.publish("ring.h", 0)
+            await until(lambda: len(got) == 1, "the first message")
+            # three messages numbered in Redis that node B never hears on the channel
+            async with Redis.from_url(url) as r:
+                script = r.register_script("return redis.call('HINCRBY', KEYS[1], 's', 3)")
+                await script(keys=["rubris:t:ring.h"])
+                await r.lpush("rubris:r:ring.h", b"2:0:1", b"3:0:2", b"4:0:3")
+            a.publish("ring.h", 4)  # seq 5: B sees 1 then 5, reads 2..4 first
+            await until(lambda: len(got) == 5, "the hole filled")
+            assert got == [(1, 0), (2, 1), (3, 2), (4, 3), (5, 4)]
+            assert b.stats().broker.fetched == 4  # 2..4, and 5 itself read with them
+
+
+async def test_start_fails_clearly_without_redis() -> None:
+    rubris = make_rubris(broker="redis://127.0.0.1:9/0", batches=False)
+    with pytest.raises(BrokerUnavailable, match="cannot reach Redis"):
+        await rubris.start()
+    assert not rubris.started
+
+
+async def test_redis_restart_refuses_publishes_then_carries_on() -> None:
+    """Redis stopped mid-stream and started again (with its data): publishes are refused while
+    it is away, clients stay connected, the nodes reconnect by themselves, and every message
+    accepted reaches every subscriber once, in order."""
+    with RedisServer(persist=True) as server:
+        async with nodes(server.url) as [(a, base_a), (b, base_b)]:
+            async with Client(base_a + "/rubris") as ca, Client(base_b + "/rubris") as cb:
+                _, got_a = await collect(ca, "ring.live")
+                _, got_b = await collect(cb, "ring.live")
+                accepted = []
+                for i in range(5):
+                    a.publish("ring.live", i)
+                    accepted.append(i)
+                await until(lambda: len(got_b) == 5, "before the restart")
+                server.kill()
+                refused = 0
+                for i in range(5, 200):  # publishing on while Redis is away
+                    try:
+                        (a if i % 2 else b).publish("ring.live", i)
+                        accepted.append(i)
+                    except BrokerUnavailable:
+                        refused += 1
+                    await asyncio.sleep(0.005)
+                assert refused > 100
+                assert not a.stats().broker.up and not b.stats().broker.up
+                server.restart()
+                await until(lambda: a.stats().broker.up and b.stats().broker.up, "reconnected")
+                for i in range(200, 205):
+                    a.publish("ring.live", i)
+                    accepted.append(i)
+                n = len(accepted)
+                await until(lambda: len(got_a) == len(got_b) == n, f"{n} on each node", 10)
+                assert got_a == got_b and [s for s, _ in got_a] == list(range(1, n + 1))
+                assert sorted(v for _, v in got_a) == sorted(accepted)
+                assert ca.state == cb.state == "open" and not ca.resumed
+                assert a.stats().broker.outages == 1
+
+
+async def test_a_topic_redis_lost_restarts_its_subscribers_numbering(url: str) -> None:
+    """Redis without persistence restarted (here: the topic deleted): the next publish numbers
+    the topic under a new epoch, and its subscribers are told with UNSUBSCRIBED 11 rather
+    than given a seq 1 they would take for one they have."""
+    async with nodes(url) as [(a, base_a), _]:
+        async with Client(base_a + "/rubris") as c:
+            sub, got = await collect(c, "ring.gone")
+            a.publish("ring.gone", 1)
+            await until(lambda: len(got) == 1, "the first message")
+            async with Redis.from_url(url) as r:
+                await r.delete("rubris:t:ring.gone", "rubris:r:ring.gone")
+            a.publish("ring.gone", 2)
+            await until(lambda: sub.end_code is not None, "UNSUBSCRIBED 11")
+            assert sub.end_code == ErrorCode.RESTARTED
+            assert a.stats().broker.restarted == 1

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from rubris_asgi import BrokerUnavailable, ErrorCode, Rubris
+from rubris_asgi import BrokerUnavailable, Rubris
 from rubris_asgi.brokers import RedisBroker
 from rubris_asgi.client import Client
 
@@ -212,15 +212,20 @@ async def test_redis_restart_refuses_publishes_then_carries_on() -> None:
 async def test_a_topic_redis_lost_restarts_its_subscribers_numbering(url: str) -> None:
     """Redis without persistence restarted (here: the topic deleted): the next publish numbers
     the topic under a new epoch, and its subscribers are told with UNSUBSCRIBED 11 rather
-    than given a seq 1 they would take for one they have."""
+    than given a seq 1 they would take for one they have; the client subscribes again."""
     async with nodes(url) as [(a, base_a), _]:
         async with Client(base_a + "/rubris") as c:
             sub, got = await collect(c, "ring.gone")
             a.publish("ring.gone", 1)
             await until(lambda: len(got) == 1, "the first message")
+            old = sub.epoch
             async with Redis.from_url(url) as r:
                 await r.delete("rubris:t:ring.gone", "rubris:r:ring.gone")
-            a.publish("ring.gone", 2)
-            await until(lambda: sub.end_code is not None, "UNSUBSCRIBED 11")
-            assert sub.end_code == ErrorCode.RESTARTED
+            a.publish("ring.gone", 2)  # seq 1 of a new epoch
+            await until(lambda: c.stats.restarted == 1, "UNSUBSCRIBED 11, taken as a restart")
+            await until(lambda: sub.active, "subscribed again")
+            assert sub.epoch != old and not sub.recovered and sub.end_code is None
             assert a.stats().broker.restarted == 1
+            a.publish("ring.gone", 3)
+            await until(lambda: len(got) == 2, "a message of the new epoch")
+            assert got[-1] == (2, 3)

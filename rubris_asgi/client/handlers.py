@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from ..protocol import (
     Result,
     Revoke,
     Stream,
+    Subscribe,
     Subscribed,
     Unsubscribe,
     Unsubscribed,
@@ -74,6 +76,7 @@ class _ServerMessages:
     _streams: dict[int, _StreamBox]
     _pings: dict[int, asyncio.Future[None]]
     _control: Callable[[ClientMessage], None]
+    _reqs: itertools.count[int]
     _send_ack: Callable[[Subscription], None]
     _settler: _Settler
     _clock: Callable[[], float]
@@ -257,6 +260,15 @@ class _ServerMessages:
     def _on_unsubscribed(self, m: Unsubscribed) -> None:
         sub = self._topics.pop(m.topic, None)
         if sub is None:
+            return
+        if m.code == ErrorCode.RESTARTED and sub._wanted and isinstance(sub, Subscription):
+            # the topic's numbering began again (servers sharing it lost it): subscribe again,
+            # saying what we hold, to learn the new epoch (recovered=0); the subscription goes on
+            self.stats.restarted += 1
+            sub.active = False
+            req = next(self._reqs)
+            self._sub_reqs[req] = sub
+            self._control(Subscribe(req, sub.name, sub.epoch, sub.last_seq, sub._params))
             return
         self._subs.pop(sub, None)
         if m.code == 0:

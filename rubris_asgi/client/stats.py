@@ -13,7 +13,9 @@ class ClientStats:
     ``compressed`` counts messages that came COMPRESSED and ``bytes_saved`` what inflating them
     added; ``gaps`` counts GAP messages; ``dropped`` counts values a full subscription queue
     discarded; ``goodbye`` is the last GOODBYE as ``(code, reason)``; ``reconnects`` counts
-    WELCOMEs after the first; ``flow`` is the fill of the last FLOW (0 before any).
+    WELCOMEs after the first; ``flow`` is the fill of the last FLOW (0 before any);
+    ``restarted`` counts subscriptions taken again because their topic's numbering restarted
+    (UNSUBSCRIBED 11).
 
     Queue topics (every consumer together; :class:`ConsumerStats` has them one by one):
     ``items`` counts ITEMs received; ``codel_returned`` the items client-side CoDel gave back
@@ -31,6 +33,7 @@ class ClientStats:
     dropped: int = 0
     rejected: int = 0
     reconnects: int = 0
+    restarted: int = 0
     flow: int = 0
     goodbye: tuple[int, str] | None = None
     items: int = 0

@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,7 +33,7 @@ from .batch_api import BatchApi
 from .batch_topics import AuthorizeBatch, BatchTopics
 from .batches import BatchStore, ItemRef, SQLiteBatchStore, parse_item
 from .batches.service import Batches
-from .brokers import Broker, broker_from
+from .brokers import WORKERS_ENV, Broker, broker_from
 from .channels import _UNSET, Registry
 from .compression import Compressor, Decompressor
 from .config import Config
@@ -126,6 +128,9 @@ class Rubris:
             (``RedisBroker(url, ...)``), a Redis URL, or None: ``$RUBRIS_REDIS_URL`` when set,
             else this process alone. docs/operations.md, "Several workers and hosts".
     """
+
+    running: ClassVar[weakref.WeakSet[Rubris]] = weakref.WeakSet()
+    """The started instances of this process (what a worker of ``serve(workers=N)`` drains)."""
 
     def __init__(
         self,
@@ -525,6 +530,11 @@ class Rubris:
             return
         self.registry.freeze()
         loop = asyncio.get_running_loop()
+        if not self.broker.distributed and int(os.environ.get(WORKERS_ENV, "1")) > 1:
+            raise RuntimeError(
+                f"{os.environ[WORKERS_ENV]} workers without a broker would each serve their own "
+                "topics: set RUBRIS_REDIS_URL (or Rubris(broker=...)), or run one worker"
+            )
         await self.broker.start(self.engine)  # first: a broker out of reach fails the start
         self._loop = loop
         self._thread = threading.get_ident()
@@ -546,6 +556,7 @@ class Rubris:
         if self.board.path is not None:
             self._tasks.append(loop.create_task(self.board.run(), name="rubris-worker-stats"))
         self.started = True
+        Rubris.running.add(self)
 
     async def drain(self) -> None:
         """The first half of graceful shutdown: GOODBYE 9 to every session, wait up to
@@ -579,6 +590,7 @@ class Rubris:
             return
         await self.drain()
         self.started = False
+        Rubris.running.discard(self)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -17,10 +17,21 @@ from .base import Broker, BrokerStats, LocalBroker
 if TYPE_CHECKING:
     from .redis_broker import RedisBroker
 
-__all__ = ["Broker", "BrokerStats", "LocalBroker", "RedisBroker", "broker_from"]
+__all__ = [
+    "ENV",
+    "WORKERS_ENV",
+    "Broker",
+    "BrokerStats",
+    "LocalBroker",
+    "RedisBroker",
+    "broker_from",
+]
 
 ENV = "RUBRIS_REDIS_URL"
 """The setting that makes every worker share its topics through that Redis."""
+WORKERS_ENV = "RUBRIS_WORKERS"
+"""Set by ``serve(workers=N)`` for its workers: a ``Rubris`` alone (no broker) refuses to start
+under several, as each would serve its own topics and a publish would reach a part of them."""
 
 
 def broker_from(spec: Broker | str | None) -> Broker:

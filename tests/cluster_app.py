@@ -1,0 +1,38 @@
+"""The app tests/test_scaleout.py runs as real processes: each imports this module and builds
+its own ``Rubris``; ``RUBRIS_REDIS_URL`` (set by the test) makes them share their topics."""
+
+from __future__ import annotations
+
+import os
+
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from rubris_asgi import Config, Rubris, Session, Timing
+
+TOKEN = "cluster-test"
+
+rubris = Rubris(
+    Config(timing=Timing(poll_timeout=1.0, session_timeout=5.0, shutdown_drain=2.0)),
+    api_token=TOKEN,
+    batches=False,
+)
+
+
+@rubris.shared("ring.{name}", ring=16)
+async def ring(session: Session, name: str) -> None:
+    return None
+
+
+@rubris.shared("snap.{name}", snapshot=True)
+async def snap(session: Session, name: str) -> None:
+    return None
+
+
+@rubris.rpc("pid")
+async def pid(session: Session, args: object) -> int:
+    """Which worker process serves this session."""
+    return os.getpid()
+
+
+app = Starlette(routes=[Mount("/rubris", rubris)], lifespan=rubris.lifespan)

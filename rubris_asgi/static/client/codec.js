@@ -55,6 +55,7 @@ export const ErrorCode = Object.freeze({
   SESSION_EXPIRED: 8,
   SHUTTING_DOWN: 9,
   REJECTED: 10,
+  RESTARTED: 11,
   CLOSED: "closed",
   TIMEOUT: "timeout",
   UNSUBSCRIBED: "unsubscribed",

@@ -272,6 +272,14 @@ export const subscriptionMethods = {
     const wire = this._byTopic.get(m.topic);
     if (!wire) return;
     this._byTopic.delete(m.topic);
+    if (m.code === ErrorCode.RESTARTED && !wire.consumer && !wire.closing
+        && this._wires.get(wire.key) === wire) {
+      // The topic's numbering began again (servers sharing it lost it): subscribe again,
+      // saying what we hold, to learn the new epoch (recovered: false). It goes on.
+      wire.state = "unsent";
+      if (this._welcomed) this._sendSubscribe(wire);
+      return;
+    }
     wire.state = "closed";
     if (this._wires.get(wire.key) === wire) this._wires.delete(wire.key);
     // The server has taken back what the consumer holds: nothing more of it may start.

@@ -228,7 +228,11 @@ def control_routes(publisher: Publishing, figures: Callable[[], dict[str, Any]])
     ]
 
 
-def build(topics: int, ring: int, pad: int) -> tuple[Starlette, Rubris, Publisher]:
+def build(
+    topics: int, ring: int, pad: int, publisher_cls: type[Publisher] = Publisher
+) -> tuple[Starlette, Rubris, Publisher]:
+    """The app, its Rubris and its publisher; ``publisher_cls`` lets a bench publish its own way
+    (bench/_scaleout_server.py)."""
     # heartbeat: the load's clients PING at half of it; long enough that a 5,000-client case
     # sends few PINGs while it measures
     timing = Timing(heartbeat=60.0)
@@ -238,7 +242,7 @@ def build(topics: int, ring: int, pad: int) -> tuple[Starlette, Rubris, Publishe
     async def bench_topic(session: Session, n: str) -> None:
         return None
 
-    publisher = Publisher(rubris, topics, pad)
+    publisher = publisher_cls(rubris, topics, pad)
 
     def figures() -> dict[str, Any]:
         st = rubris.stats()

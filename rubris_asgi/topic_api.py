@@ -23,6 +23,10 @@ compares ``oldest`` itself, as a subscriber is told by GAP. A snapshot holds one
 ``oldest`` is its head): skipped values are conflated, which is not loss. ``after`` at or past
 the head answers no messages, which is the cheap way to read ``epoch``, ``head`` and ``oldest``.
 
+With several workers sharing their topics through Redis, any worker answers: it follows the
+topic (reads its epoch, seq and ring from Redis, then hears every publish) while it is read,
+so the answer is the same whichever worker takes the request.
+
 Access is checked as for publishing: the bearer token (401), then the ``authorize_api`` hook
 asked with the topic (403; the hook tells a read by ``request.method == "GET"``). Only topics
 of shared channels can be read (404 for the rest, private and queue topics included); reading a
@@ -41,7 +45,7 @@ from starlette.routing import BaseRoute, Route
 
 from .api import FILL_HEADER, HttpApi, Refusal
 from .compression import inflate
-from .errors import ProtocolError
+from .errors import BrokerUnavailable, ProtocolError
 from .protocol import COMPRESSED, Codec
 from .protocol.wire import read_uv
 from .topics import RING, SharedTopic
@@ -90,9 +94,11 @@ class TopicApi:
             if found is None or not found[0].shared:
                 raise Refusal(404, f"no shared channel offers the topic {name!r}")
             topic = api.engine.topic_of(name, found[0])
+            if api.broker.distributed:
+                await api.broker.follow(topic)  # what Redis holds, kept while read
         except Refusal as r:
             return api.refusal(r)
-        except ProtocolError as exc:  # too many topics on this server
+        except (ProtocolError, BrokerUnavailable) as exc:  # too many topics; Redis away
             return api.refusal(Refusal(503, str(exc)))
         if after is None or (epoch is not None and epoch != topic.epoch):
             after = 0  # none, or the numbering restarted: the seq means nothing in this epoch

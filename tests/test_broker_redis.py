@@ -229,3 +229,29 @@ async def test_a_topic_redis_lost_restarts_its_subscribers_numbering(url: str) -
             a.publish("ring.gone", 3)
             await until(lambda: len(got) == 2, "a message of the new epoch")
             assert got[-1] == (2, 3)
+
+
+async def test_any_node_answers_the_topic_api_from_redis(url: str) -> None:
+    """The Spark source's read (GET {mount}/api/topics/{name}) gives the same answer on every
+    node: the node reading follows the topic in Redis."""
+    async with nodes(url) as [(a, base_a), (b, base_b)]:
+        for i in range(10):
+            await a.publish_async("ring.read", {"i": i})
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient() as http:
+            path = "/rubris/api/topics/ring.read?after=4"
+            r = await http.get(base_b + path, headers=auth)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["head"] == 10 and body["oldest"] == 3  # ring.* keeps 8
+            assert [m["seq"] for m in body["messages"]] == [5, 6, 7, 8, 9, 10]
+            assert [m["data"]["i"] for m in body["messages"]] == [4, 5, 6, 7, 8, 9]
+            assert (await http.get(base_a + path, headers=auth)).json() == body
+            await a.publish_async("ring.read", {"i": 10})  # heard by B, which follows it now
+            for _ in range(100):
+                r = await http.get(base_b + "/rubris/api/topics/ring.read?after=10", headers=auth)
+                if r.json()["messages"]:
+                    break
+                await asyncio.sleep(0.02)
+            assert [m["data"] for m in r.json()["messages"]] == [{"i": 10}]
+            assert b.stats().broker.following == 1

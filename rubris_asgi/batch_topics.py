@@ -20,7 +20,7 @@ from .batches.service import Batches
 from .batches.tracker import BatchStatus, State
 from .channels import Registry
 from .engine import Engine
-from .errors import ErrorCode, Reject, UnknownBatch
+from .errors import ErrorCode, ProtocolError, Reject, UnknownBatch
 from .session import Session
 
 AuthorizeBatch = Callable[[Session, str], "bool | Awaitable[bool]"]
@@ -78,13 +78,24 @@ class BatchTopics:
 
     def changed(self, batch: str, st: BatchStatus) -> None:
         name = PREFIX + batch
-        t = self.engine.topics.get(name)
+        engine = self.engine
+        t = engine.topics.get(name)
         if t is None:
-            return
+            if engine.relay is None:
+                return  # nobody watches it here, and there is no other node
+            # several nodes share the topics: a watcher may be on another one; the broker
+            # numbers the change only if some node follows the topic, else it costs nothing
+            found = self.registry.match(name)
+            assert found is not None
+            try:
+                t = engine.topic_of(name, found[0])
+            except ProtocolError:  # as many topics as the server takes: a watcher there
+                return  # (if any) reads the state when it subscribes again
+            self.names.setdefault(name, None)  # the sweep drops it again
         value = _pushed(st)
         if self.names.get(name) != value:
             self.names[name] = value
-            self.engine.publish(t, value)
+            engine.publish_if_followed(t, value)
 
     def sweep(self) -> int:
         """Drop the batch topics nobody subscribes to; returns how many."""

@@ -52,6 +52,9 @@ RELAY_FIRST = 1
 """A first value: numbered only if the topic has no message yet; may be refused."""
 RELAY_TAKEN = 2
 """A message the intake took earlier: promised, so never refused."""
+RELAY_IF_FOLLOWED = 3
+"""Numbered only if some node follows (or followed) the topic: a change nobody may watch
+(``batch.{id}``) costs the broker no key; may be refused."""
 
 
 def new_epoch() -> int:
@@ -320,6 +323,15 @@ class Engine:
         )
         self.pool.check_size(len(data) + 32)
         return data, compressed
+
+    def publish_if_followed(self, t: SharedTopic, value: Any) -> None:
+        """Publish ``value`` where a distributed broker has subscribers for ``t`` on any node
+        (this one's topic may have none); alone, an ordinary publish."""
+        if self.relay is None:
+            self.publish(t, value)
+            return
+        data, compressed = self.prepare(t, value)
+        self.relay(t, data, compressed, RELAY_IF_FOLLOWED)
 
     def publish_first(self, t: SharedTopic, value: Any) -> None:
         """Publish a first value: only while ``t`` has no message (a subscribe handler's
@@ -686,6 +698,7 @@ class Engine:
 
 __all__ = [
     "RELAY_FIRST",
+    "RELAY_IF_FOLLOWED",
     "RELAY_PUBLISH",
     "RELAY_TAKEN",
     "Engine",

@@ -17,6 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from rubris_asgi import BrokerUnavailable, Rubris
+from rubris_asgi.batches.redis_store import RedisBatchStore
 from rubris_asgi.brokers import RedisBroker
 from rubris_asgi.client import Client
 
@@ -255,3 +256,30 @@ async def test_any_node_answers_the_topic_api_from_redis(url: str) -> None:
                 await asyncio.sleep(0.02)
             assert [m["data"] for m in r.json()["messages"]] == [{"i": 10}]
             assert b.stats().broker.following == 1
+
+
+async def test_a_batch_watched_on_one_node_completes_from_acks_on_another(url: str) -> None:
+    """Batches on Redis, topics shared through Redis: the completion reaches a watcher on B
+    when the items are acked on A, and a batch nobody watches leaves no topic in Redis."""
+    a, b = (
+        make_rubris(broker=RedisBroker(url), batches=RedisBatchStore(url), api_token=TOKEN)
+        for _ in range(2)
+    )
+    async with run_server(starlette_app(a)), run_server(starlette_app(b)) as base_b:
+        batch = await a.batches.open()
+        group = await a.batches.add(batch, 3)
+        await a.batches.seal(batch)
+        async with Client(base_b + "/rubris") as cb:
+            sub = await cb.subscribe(f"batch.{batch}")
+            value, _ = await sub.get(timeout=5)
+            assert value["state"] == "sealed" and value["done"] == 0
+            await a.batches.ack(group.ids())
+            while value.get("state") != "complete":
+                value, _ = await sub.get(timeout=5)
+            assert value["completed"] and value["done"] == 3
+        unwatched = await a.batches.open()
+        await a.batches.ack((await a.batches.add(unwatched, 1)).ids())
+        await until(lambda: a.stats().broker.pending == 0, "sent")
+        async with Redis.from_url(url) as r:
+            assert not await r.exists(f"rubris:t:batch.{unwatched}")
+            assert await r.exists(f"rubris:t:batch.{batch}")

@@ -48,7 +48,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..engine import RELAY_FIRST, RELAY_TAKEN, Engine
+from ..engine import RELAY_FIRST, RELAY_IF_FOLLOWED, RELAY_TAKEN, Engine
 from ..errors import BrokerUnavailable
 from ..topics import RING, SharedTopic
 from . import redis_scripts
@@ -68,6 +68,8 @@ REFRESH = 60.0
 """Seconds between refreshes of the followed topics' expiry in Redis."""
 
 _JOINING, _LIVE = 0, 1
+_CONDITION = {RELAY_FIRST: 1, RELAY_IF_FOLLOWED: 2}
+"""The publish script's condition for each kind of relayed publish (redis_scripts.PUBLISH)."""
 
 
 class _Follow:
@@ -87,20 +89,21 @@ class _Follow:
 class _Entry:
     """One publish in the outbox."""
 
-    __slots__ = ("topic", "payload", "compressed", "first", "done")
+    __slots__ = ("topic", "payload", "compressed", "cond", "done")
 
     def __init__(
         self,
         topic: SharedTopic,
         payload: bytes,
         compressed: bool,
-        first: bool,
+        cond: int,
         done: asyncio.Future[int] | None,
     ) -> None:
         self.topic = topic
         self.payload = payload
         self.compressed = compressed
-        self.first = first
+        self.cond = cond
+        """The script's condition: 0 none, 1 a first value, 2 only if Redis knows the topic."""
         self.done = done
 
 
@@ -226,14 +229,14 @@ class RedisBroker(Broker):
         """``engine.relay``: into the outbox, or ``BrokerUnavailable``; returns 0."""
         if how != RELAY_TAKEN and not self.accepting(1, len(payload)):
             self._refuse()
-        self._put(_Entry(topic, payload, compressed, how == RELAY_FIRST, None))
+        self._put(_Entry(topic, payload, compressed, _CONDITION.get(how, 0), None))
         return 0
 
     async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
         if not self.accepting(1, len(payload)):
             self._refuse()
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._put(_Entry(topic, payload, compressed, False, done))
+        self._put(_Entry(topic, payload, compressed, 0, done))
         return await done
 
     def _refuse(self) -> None:
@@ -279,7 +282,7 @@ class RedisBroker(Broker):
         args: list[Any] = [self.prefix, self.ttl_ms, str(_epoch()), batch_id]
         for e in batch:
             t = e.topic
-            args += [t.name, int(t.mode), t.cap, int(e.first), int(e.compressed), e.payload]
+            args += [t.name, int(t.mode), t.cap, e.cond, int(e.compressed), e.payload]
         delay = BACKOFF[0]
         while True:
             try:

@@ -31,15 +31,17 @@ local out = {}
 local n = 0
 for i = 5, #ARGV, 6 do
   local name, mode, cap = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local first, flag, payload = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  local cond, flag, payload = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local h = P .. 't:' .. name
   local epoch = redis.call('HGET', h, 'e')
-  if not epoch then
+  local seq = 0
+  if not epoch and cond == '2' then
+    cond = 'skip'
+  elseif not epoch then
     epoch = ARGV[3]
     redis.call('HSET', h, 'e', epoch, 's', 0)
   end
-  local seq = 0
-  if first == '0' or redis.call('HGET', h, 's') == '0' then
+  if cond == '0' or cond == '2' or (cond == '1' and redis.call('HGET', h, 's') == '0') then
     seq = redis.call('HINCRBY', h, 's', 1)
     local entry = seq .. ':' .. flag .. ':' .. payload
     if mode == '2' then
@@ -52,7 +54,7 @@ for i = 5, #ARGV, 6 do
     end
     redis.call('PUBLISH', P .. 'c:' .. name, epoch .. ':' .. entry)
   end
-  redis.call('PEXPIRE', h, ttl)
+  if cond ~= 'skip' then redis.call('PEXPIRE', h, ttl) end
   n = n + 1
   out[n] = seq
 end
@@ -60,8 +62,9 @@ redis.call('SET', done, cjson.encode(out), 'PX', 60000)
 return out
 """
 """ARGV: prefix, ttl ms, the epoch for a topic Redis does not know, the batch's id, then per
-publish: name, mode (1 snapshot, 2 ring), ring size, first (1: only if the topic has no
-message), flag, payload. Answers each publish's seq (0: a first value not needed)."""
+publish: name, mode (1 snapshot, 2 ring), ring size, condition (0 none, 1 only if the topic has
+no message, 2 only if Redis knows the topic: a node follows or followed it), flag, payload.
+Answers each publish's seq (0: its condition said no)."""
 
 HISTORY = """
 local P = ARGV[1]

@@ -169,6 +169,7 @@ class Rubris:
         self.dispatcher.broker = self.broker
         self.websocket = WebSocketTransport(self.gateway)
         self.longpoll = LongPollTransport(self.gateway)
+        self.longpoll.serve_forwarded()  # polls that reach another node first (several nodes)
         self.engine.on_session_end = self._session_ended
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None

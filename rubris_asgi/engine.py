@@ -112,6 +112,8 @@ class Engine:
         self._item_max = self.config.pool.max_size - ITEM_HEADER
         """Queue payloads up to this size need no size check."""
         self._numbers = itertools.count(1)
+        self.session_prefix = ""
+        """What new session ids start with: a distributed broker's node id and mark."""
         self.relay: Callable[[SharedTopic, bytes, bool, int], int] | None = None
         """Set by a distributed broker: ``f(topic, payload, compressed, how)`` takes every
         shared publish to be numbered there (returns 0: the seq is not known yet; ``how``:
@@ -128,7 +130,7 @@ class Engine:
         """A new session; its id and resume secret are 128 random bits each."""
         if len(self.sessions) >= self.config.limits.max_sessions:
             raise ProtocolError("too many sessions on this server", ErrorCode.TOO_MANY)
-        sid = secrets.token_urlsafe(16)
+        sid = self.session_prefix + secrets.token_urlsafe(16)
         s = Session(sid, f"{sid}.{secrets.token_urlsafe(16)}", user, owner)
         # detached until its transport attaches it, after WELCOME is written: the session
         # timeout counts from now, not from 0 (a slow WELCOME write must not expire it)
@@ -137,8 +139,11 @@ class Engine:
         self.telemetry.sessions_opened += 1
         return s
 
-    def find_resumable(self, token: str, owner: Any = None) -> Session | None:
-        """The live session this resume token names, if it belongs to ``owner``.
+    def find_resumable(
+        self, token: str, owner: Any = None, *, owner_tag: str | None = None
+    ) -> Session | None:
+        """The live session this resume token names, if it belongs to ``owner`` (or, asked
+        for another node, to the owner whose ``repr`` is ``owner_tag``).
 
         The secret half is compared in constant time; a token of another user finds nothing.
         """
@@ -148,7 +153,7 @@ class Engine:
             return None
         if not hmac.compare_digest(s.resume_token.encode(), token.encode()):
             return None
-        if s.owner != owner:
+        if s.owner != owner if owner_tag is None else repr(s.owner) != owner_tag:
             return None
         return s
 

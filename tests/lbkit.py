@@ -1,6 +1,7 @@
 """``Balancer``: a TCP load balancer in the test's loop, in front of several nodes.
 
 Clients get one address, as behind nginx. ``route(i)`` sends new connections to node ``i``;
+``rotate=True`` sends each new connection to the next node in turn (no sticky routing);
 ``cut()`` drops every open connection (the plug pulled: both sides see the socket close), so
 a client reconnects, through the balancer, to whichever node is routed to now.
 """
@@ -14,9 +15,10 @@ from urllib.parse import urlsplit
 
 
 class Balancer:
-    def __init__(self, bases: list[str]) -> None:
+    def __init__(self, bases: list[str], *, rotate: bool = False) -> None:
         self.targets = [urlsplit(b) for b in bases]
         self.index = 0
+        self.rotate = rotate
         self.connections: list[int] = [0] * len(bases)
         """Connections each node was given."""
         self._server: asyncio.Server | None = None
@@ -41,6 +43,8 @@ class Balancer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         target = self.targets[self.index]
         self.connections[self.index] += 1
+        if self.rotate:
+            self.index = (self.index + 1) % len(self.targets)
         try:
             up_r, up_w = await asyncio.open_connection(target.hostname, target.port)
         except OSError:

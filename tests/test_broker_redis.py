@@ -20,11 +20,13 @@ from rubris_asgi import BrokerUnavailable, Rubris
 from rubris_asgi.batches.redis_store import RedisBatchStore
 from rubris_asgi.brokers import RedisBroker
 from rubris_asgi.client import Client
+from rubris_asgi.protocol import Subscribe, Subscribed, encode_frame
 
 from .apps import make_rubris, starlette_app
 from .lbkit import Balancer
 from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)
 from .server import run_server
+from .wirekit import lp_collect, lp_hello
 
 TOKEN = "secret"
 
@@ -283,3 +285,57 @@ async def test_a_batch_watched_on_one_node_completes_from_acks_on_another(url: s
         async with Redis.from_url(url) as r:
             assert not await r.exists(f"rubris:t:batch.{unwatched}")
             assert await r.exists(f"rubris:t:batch.{batch}")
+
+
+async def test_long_poll_without_sticky_routing_loses_nothing(url: str) -> None:
+    """Every request of a long-poll client goes to the other node in turn (a new connection
+    each, a balancer with no stickiness): a request that reaches the node that does not hold
+    the session is answered by the one that does, through Redis; nothing is lost or doubled,
+    private messages included, and a resume that lands on the other node resumes."""
+    async with nodes(url) as [(a, base_a), (b, base_b)]:
+        async with Balancer([base_a, base_b], rotate=True) as lb:
+            fresh = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
+            async with Client(lb.base + "/rubris", transport="longpoll", http_transport=fresh) as c:
+                _, got = await collect(c, "ring.lp")
+                inbox, private = await collect(c, "inbox")
+                owner = a if c.session_id in a.engine.sessions else b
+                session = owner.engine.sessions[c.session_id]  # type: ignore[index]
+                for i in range(40):
+                    (a if i % 2 else b).publish("ring.lp", i)
+                    await owner.send(session, "inbox", {"n": i})  # inbox keeps 16 unacked
+                    await asyncio.sleep(0.01)
+                await until(lambda: len(got) == 40 and len(private) == 40, "everything", 20)
+                assert got == [(i + 1, i) for i in range(40)]
+                assert [v["n"] for _, v in private] == list(range(40))
+                assert min(lb.connections) >= 10  # both nodes took many of the requests
+                assert c.stats.reconnects == 0
+
+
+async def test_a_long_poll_resume_and_polls_on_the_other_node(url: str) -> None:
+    """The HELLO that resumes a session held by node A, sent to node B, is answered by A
+    (resumed); polls and frames sent to B reach it; once A is gone, B says 404 at once, and
+    a resume sent to B opens a new session there."""
+    async with nodes(url) as [(a, base_a), (b, base_b)]:
+        async with (
+            httpx.AsyncClient(base_url=base_a + "/rubris") as on_a,
+            httpx.AsyncClient(base_url=base_b + "/rubris") as on_b,
+        ):
+            w = await lp_hello(on_a)
+            assert w.session in a.engine.sessions and w.session.startswith(a.broker.node)
+            again = await lp_hello(on_b, resume=w.resume)
+            assert again.resumed and again.session == w.session and not b.engine.sessions
+            r = await on_b.post(
+                f"/lp/{w.session}", content=encode_frame([Subscribe(1, "ring.x", 0, 0, b"")])
+            )
+            assert r.status_code == 202, r.text
+            m = await lp_collect(on_b, w.session, lambda m: isinstance(m, Subscribed))
+            assert isinstance(m, Subscribed) and m.name == "ring.x"
+            r = await on_b.get(f"/lp/{w.session}", params={"ack": 99})
+            assert r.status_code == 400 and "ack 99" in r.text  # A's own answer, through B
+            r = await on_b.get("/lp/nobody~x", params={"ack": 0})
+            assert r.status_code == 404  # a node nobody listens for: at once
+            await a.stop()
+            r = await on_b.get(f"/lp/{w.session}", params={"ack": 1})
+            assert r.status_code == 404
+            fresh = await lp_hello(on_b, resume=w.resume)
+            assert not fresh.resumed and fresh.session in b.engine.sessions

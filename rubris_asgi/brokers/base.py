@@ -15,11 +15,28 @@ The engine knows nothing of this but the relay and ``apply``; the dispatcher awa
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..engine import Engine
 from ..topics import SharedTopic
+
+Head = dict[str, Any]
+"""The JSON head of a request between nodes."""
+SESSION_MARK = "~"
+"""Between the node's id and the rest of a session id, with a distributed broker: any node
+knows from a session id where that session lives."""
+
+
+class NodeGone(Exception):
+    """The node asked is not listening: it has stopped, or died."""
+
+
+def node_of(session_id: str) -> str:
+    """The node a session id names ("" when it names none: a node alone)."""
+    node, mark, _ = session_id.partition(SESSION_MARK)
+    return node if mark else ""
 
 
 @dataclass
@@ -56,6 +73,18 @@ class Broker:
 
     def __init__(self) -> None:
         self.counters = BrokerStats()
+        self.node = ""
+        """This node's id among the others ("" alone); what its session ids start with."""
+
+    def on(self, op: str, handler: Callable[[Head, bytes], Awaitable[tuple[Head, bytes]]]) -> None:
+        """Answer the requests ``op`` of other nodes with ``handler(head, body)``."""
+
+    async def ask(
+        self, node: str, op: str, head: Head, body: bytes, timeout: float
+    ) -> tuple[Head, bytes]:
+        """Ask another node (``on``'s handler there) and wait for its reply; ``NodeGone``
+        when it is not there."""
+        raise NodeGone(f"no node {node}: this one is alone")
 
     async def start(self, engine: Engine) -> None:
         """Connect (raise ``BrokerUnavailable`` if that fails) and start hearing."""

@@ -52,7 +52,8 @@ from ..engine import RELAY_FIRST, RELAY_IF_FOLLOWED, RELAY_TAKEN, Engine
 from ..errors import BrokerUnavailable
 from ..topics import RING, SharedTopic
 from . import redis_scripts
-from .base import Broker, BrokerStats
+from .base import SESSION_MARK, Broker, BrokerStats, Head
+from .redis_nodes import NodeLink
 
 log = logging.getLogger("rubris_asgi.broker")
 
@@ -140,7 +141,8 @@ class RedisBroker(Broker):
         self.outbox_bytes = outbox_bytes
         self.connect_timeout = connect_timeout
         self._channel = (prefix + "c:").encode()
-        self._node = secrets.token_hex(6)
+        self.node = secrets.token_hex(6)
+        self.link = NodeLink(prefix, self.node, self._publish_raw)
         self._batches = itertools.count(1)
         self._engine: Engine | None = None
         self._redis: aioredis.Redis | None = None
@@ -179,6 +181,7 @@ class RedisBroker(Broker):
         self._history_script = self._redis.register_script(redis_scripts.HISTORY)
         self._pubsub = await self._open_pubsub()
         engine.relay = self.relay
+        engine.session_prefix = self.node + SESSION_MARK
         self._tasks = [
             asyncio.create_task(self._write_loop(), name="rubris-broker-writer"),
             asyncio.create_task(self._read_loop(), name="rubris-broker-reader"),
@@ -210,6 +213,7 @@ class RedisBroker(Broker):
             if f.ready is not None and not f.ready.done():
                 f.ready.set_exception(lost)
         self._following.clear()
+        self.link.close()
         await self._close_pubsub()
         if self._redis is not None:
             await self._redis.aclose()
@@ -259,7 +263,7 @@ class RedisBroker(Broker):
                 await self._wake.wait()
             batch = list(itertools.islice(outbox, BATCH))
             try:
-                seqs = await self._send(batch, f"{self._node}:{next(self._batches)}")
+                seqs = await self._send(batch, f"{self.node}:{next(self._batches)}")
             except Exception as exc:  # a script error: a bug, never a reason to stop
                 log.exception("Redis refused a batch of %d publishes; they are dropped", len(batch))
                 seqs = [0] * len(batch)
@@ -443,8 +447,26 @@ class RedisBroker(Broker):
     async def _open_pubsub(self) -> Any:
         assert self._redis is not None
         ps = self._redis.pubsub()
-        await ps.ping()  # connects now, so start() fails at once on a bad address
+        await ps.subscribe(self.link.channel)  # connects now: start() fails on a bad address
         return ps
+
+    # between nodes
+
+    def on(self, op: str, handler: Any) -> None:
+        self.link.on(op, handler)
+
+    async def ask(
+        self, node: str, op: str, head: Head, body: bytes, timeout: float
+    ) -> tuple[Head, bytes]:
+        try:
+            return await self.link.ask(node, op, head, body, timeout)
+        except DOWN as exc:
+            raise BrokerUnavailable(f"Redis is unreachable: cannot reach node {node}") from exc
+
+    async def _publish_raw(self, channel: str, message: bytes) -> int:
+        assert self._redis is not None
+        receivers: int = await self._redis.publish(channel, message)
+        return receivers
 
     async def _close_pubsub(self) -> None:
         ps, self._pubsub = self._pubsub, None
@@ -496,7 +518,10 @@ class RedisBroker(Broker):
                 continue
             kind = msg["type"]
             if kind == "message":
-                self._heard(msg["channel"], msg["data"])
+                if msg["channel"] == self.link.channel:
+                    self.link.heard(msg["data"])
+                else:
+                    self._heard(msg["channel"], msg["data"])
             elif kind == "subscribe":
                 fut = confirm.pop(msg["channel"], None)
                 if fut is not None and not fut.done():

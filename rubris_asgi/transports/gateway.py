@@ -111,29 +111,35 @@ class Gateway:
         A resumed session leaves the connection that carried it before (its sink is told it
         was superseded), so the caller can attach it to the new one.
         """
-        if not msgs or not isinstance(msgs[0], Hello):
-            got = type(msgs[0]).__name__.upper() if msgs else "nothing"
-            raise ProtocolError(f"the first message must be HELLO, got {got}", ErrorCode.PROTOCOL)
-        hello = msgs[0]
-        if hello.version != VERSION:
-            raise ProtocolError(
-                f"protocol version {hello.version} is not supported (this server speaks {VERSION})",
-                ErrorCode.UNSUPPORTED_VERSION,
-            )
+        hello = _hello(msgs)
         engine = self.engine
         key = self.user_key(user)
         if hello.resume:
             s = engine.find_resumable(hello.resume, key)
             if s is not None:
-                old = s.sink
-                if old is not None:
-                    old.superseded()
-                    engine.detach(s)
-                else:  # back now: the timeout counts again until it is attached
-                    s.detached_at = engine.clock()
-                engine.telemetry.sessions_resumed += 1
+                self._take(s)
                 return s, True
         return engine.open_session(user, key), False
+
+    def resume(self, msgs: list[Message], owner_tag: str) -> Session | None:
+        """The session the HELLO of ``msgs`` resumes, taken from its connection, for a request
+        another node forwarded (``owner_tag``: its user as ``repr(user_key(user))``)."""
+        hello = _hello(msgs)
+        s = self.engine.find_resumable(hello.resume, owner_tag=owner_tag) if hello.resume else None
+        if s is not None:
+            self._take(s)
+        return s
+
+    def _take(self, s: Session) -> None:
+        """A resumed session leaves the connection it had, if any."""
+        engine = self.engine
+        old = s.sink
+        if old is not None:
+            old.superseded()
+            engine.detach(s)
+        else:  # back now: the timeout counts again until it is attached
+            s.detached_at = engine.clock()
+        engine.telemetry.sessions_resumed += 1
 
     def welcome(self, s: Session, resumed: bool) -> bytes:
         return encode(
@@ -145,3 +151,17 @@ class Gateway:
                 resumed,
             )
         )
+
+
+def _hello(msgs: list[Message]) -> Hello:
+    """The HELLO that must start a first frame, of a version this server speaks."""
+    if not msgs or not isinstance(msgs[0], Hello):
+        got = type(msgs[0]).__name__.upper() if msgs else "nothing"
+        raise ProtocolError(f"the first message must be HELLO, got {got}", ErrorCode.PROTOCOL)
+    hello = msgs[0]
+    if hello.version != VERSION:
+        raise ProtocolError(
+            f"protocol version {hello.version} is not supported (this server speaks {VERSION})",
+            ErrorCode.UNSUPPORTED_VERSION,
+        )
+    return hello

@@ -10,17 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from ..brokers.base import Head, NodeGone, node_of
 from ..buffers import FrameBuffer
-from ..errors import ErrorCode, ProtocolError
+from ..errors import BrokerUnavailable, ErrorCode, ProtocolError
+from ..protocol import Hello, Message
 from ..session import Session, SessionState
 from .gateway import Gateway
 
 FRAME_HEADER = "Rubris-Frame"
 _OCTETS = "application/octet-stream"
+OPEN, POST, POLL = "lp.open", "lp.post", "lp.poll"
+"""The requests a node forwards to the node of a long-poll session (``Broker.ask``)."""
+FORWARD_TIMEOUT = 10.0
+"""Seconds a forwarded HELLO or client frame may take on the session's node."""
+FORWARD_SLACK = 5.0
+"""Seconds a forwarded poll may take beyond the poll timeout (Redis, both ways)."""
 
 
 class LongPollTransport:
@@ -57,51 +66,70 @@ class LongPollTransport:
             return PlainTextResponse("origin not allowed", status_code=403)
         try:
             user = await gateway.authenticate(request)
-            msgs = gateway.decode_client_frame(await self._read_body(request))
+            body = await self._read_body(request)
+            msgs = gateway.decode_client_frame(body)
+            node = self._elsewhere(_resumes(msgs))
+            if node:  # it resumes a session of another node: that node answers
+                answer = await self._forward(node, OPEN, {"key": owner_tag(user)}, body)
+                if answer.status != 404:
+                    return answer.response()
             s, resumed = gateway.open_or_resume(msgs, user)
+            return (await self._open(s, resumed, msgs)).response()
         except ProtocolError as exc:
             return self._error(exc)
+
+    async def _open(self, s: Session, resumed: bool, msgs: list[Message]) -> Answer:
+        gateway = self.gateway
         s.transport = "longpoll"
         lp = LongPollSession(self, s)
         self.sessions[s.id] = lp
         gateway.engine.attach(s, lp, ready=False)
-        try:
-            await gateway.dispatcher.handle(s, msgs[1:])
-        except ProtocolError as exc:
-            return self._error(exc)
-        return Response(gateway.welcome(s, resumed), media_type=_OCTETS)
+        await gateway.dispatcher.handle(s, msgs[1:])
+        return Answer(200, gateway.welcome(s, resumed))
 
     async def post_frame(self, request: Request) -> Response:
         """POST {mount}/lp/{session}: a client frame."""
-        gateway = self.gateway
         try:
-            lp = await self._owned(request)
-            msgs = gateway.decode_client_frame(await self._read_body(request))
-            await gateway.dispatcher.handle(lp.session, msgs)
+            user = await self.gateway.authenticate(request)
+            sid = request.path_params["session"]
+            body = await self._read_body(request)
+            node = self._elsewhere(sid)
+            if node:
+                head = {"sid": sid, "key": owner_tag(user)}
+                return (await self._forward(node, POST, head, body)).response()
+            return (await self._post(self._owned(sid, user), body)).response()
         except ProtocolError as exc:
             return self._error(exc)
-        return Response(status_code=202)
+
+    async def _post(self, lp: LongPollSession, body: bytes) -> Answer:
+        gateway = self.gateway
+        await gateway.dispatcher.handle(lp.session, gateway.decode_client_frame(body))
+        return Answer(202)
 
     async def poll(self, request: Request) -> Response:
         """GET {mount}/lp/{session}?ack=n: wait for the next frame."""
         try:
-            lp = await self._owned(request)
-            raw = request.query_params.get("ack", "0")
-            if not raw.isdigit() or len(raw) > 20:
-                raise ProtocolError(f"ack must be a frame number, got {raw[:24]!r}")
-            ack = int(raw)
+            user = await self.gateway.authenticate(request)
+            sid = request.path_params["session"]
+            ack = _ack(request.query_params.get("ack", "0"))
+            node = self._elsewhere(sid)
+            if node:
+                head = {"sid": sid, "key": owner_tag(user), "ack": ack}
+                return (await self._forward(node, POLL, head, b"")).response()
+            lp = self._owned(sid, user)
         except ProtocolError as exc:
             return self._error(exc)
+        return (await self._poll(lp, ack)).response()
+
+    async def _poll(self, lp: LongPollSession, ack: int) -> Answer:
         s = lp.session
         engine = self.gateway.engine
         lp.last_seen = engine.clock()
         if lp.last is not None and ack == lp.frame_no - 1:
-            return _frame_response(lp.last, lp.frame_no)  # the response was lost: send it again
+            return Answer(200, lp.last, lp.frame_no)  # the response was lost: send it again
         if ack != lp.frame_no:
-            return PlainTextResponse(
-                f"ack {ack} is not a frame of this session (last sent {lp.frame_no})",
-                status_code=400,
-            )
+            text = f"ack {ack} is not a frame of this session (last sent {lp.frame_no})"
+            return Answer(400, text.encode())
         lp.acknowledge()
         old = lp.waiter
         if old is not None and not old.done():
@@ -115,21 +143,80 @@ class LongPollTransport:
         if lp.waiter is waiter:
             lp.waiter = None
         if lp.frame_no > ack and lp.last is not None:
-            frame = _frame_response(lp.last, lp.frame_no)
+            frame = Answer(200, lp.last, lp.frame_no)
             if s.state is SessionState.CLOSING and not s.has_work():
                 # the GOODBYE is in this frame: nothing follows it (ending the session releases
-                # the frame's lease, so the response is built first)
+                # the frame's lease, so the answer is taken first)
                 engine.end_session(s)
             return frame
         if waiter.done() and not waiter.result():
             if s.state is SessionState.CLOSED or self.sessions.get(s.id) is not lp:
                 # ended, or this long-poll session was let go of while the engine's session
                 # waits for a resume: the client resumes with HELLO, it must not give up (409)
-                return PlainTextResponse("session ended", status_code=404)
-            return PlainTextResponse("superseded by a newer poll", status_code=409)
+                return Answer(404, b"session ended")
+            return Answer(409, b"superseded by a newer poll")
         if lp.waiter is None:
             s.ready = False  # nobody is waiting now: the scheduler must not pick this session
-        return Response(status_code=204)
+        return Answer(204)
+
+    # requests that reach this node for a session of another (no sticky routing needed)
+
+    def _elsewhere(self, sid: str) -> str:
+        """The node ``sid`` lives on when that is another one ("" for this one, or alone)."""
+        broker = self.gateway.dispatcher.broker
+        node = node_of(sid) if broker.distributed and sid else ""
+        return node if node != broker.node else ""
+
+    async def _forward(self, node: str, op: str, head: Head, body: bytes) -> Answer:
+        timing = self.gateway.config.timing
+        timeout = timing.poll_timeout + FORWARD_SLACK if op == POLL else FORWARD_TIMEOUT
+        try:
+            reply, data = await self.gateway.dispatcher.broker.ask(node, op, head, body, timeout)
+        except NodeGone:
+            return Answer(404, b"unknown or ended session: its server is gone")
+        except (BrokerUnavailable, asyncio.TimeoutError, RuntimeError) as exc:
+            return Answer(503, f"the session's server cannot be reached: {exc}".encode())
+        return Answer(int(reply["status"]), data, int(reply.get("frame", 0)))
+
+    def serve_forwarded(self) -> None:
+        """Answer the long-poll requests other nodes forward to this one."""
+        broker = self.gateway.dispatcher.broker
+        broker.on(OPEN, self._forwarded_open)
+        broker.on(POST, self._forwarded_post)
+        broker.on(POLL, self._forwarded_poll)
+
+    async def _forwarded_open(self, head: Head, body: bytes) -> tuple[Head, bytes]:
+        gateway = self.gateway
+        try:
+            msgs = gateway.decode_client_frame(body)
+            s = gateway.resume(msgs, str(head.get("key")))
+            if s is None:
+                answer = Answer(404, b"no such session")
+            else:
+                answer = await self._open(s, True, msgs)
+        except ProtocolError as exc:
+            answer = Answer(_STATUS.get(exc.code, 400), f"{exc} (code {int(exc.code)})".encode())
+        return answer.head(), answer.body
+
+    async def _forwarded_post(self, head: Head, body: bytes) -> tuple[Head, bytes]:
+        try:
+            answer = await self._post(self._tagged(head), body)
+        except ProtocolError as exc:
+            answer = Answer(_STATUS.get(exc.code, 400), f"{exc} (code {int(exc.code)})".encode())
+        return answer.head(), answer.body
+
+    async def _forwarded_poll(self, head: Head, body: bytes) -> tuple[Head, bytes]:
+        try:
+            answer = await self._poll(self._tagged(head), int(head.get("ack", 0)))
+        except ProtocolError as exc:
+            answer = Answer(_STATUS.get(exc.code, 400), f"{exc} (code {int(exc.code)})".encode())
+        return answer.head(), answer.body
+
+    def _tagged(self, head: Head) -> LongPollSession:
+        lp = self.sessions.get(str(head.get("sid")))
+        if lp is None or owner_tag_of(lp.session.owner) != head.get("key"):
+            raise ProtocolError("unknown or ended session", ErrorCode.SESSION_EXPIRED)
+        return lp
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.gateway.config.limits.max_inbound_frame
@@ -143,13 +230,10 @@ class LongPollTransport:
                 raise ProtocolError(f"frame over the limit of {limit} bytes", ErrorCode.TOO_LARGE)
         return bytes(body)
 
-    async def _owned(self, request: Request) -> LongPollSession:
-        """The long-poll session in the URL, if it belongs to the caller; else 404 for all
-        cases."""
-        gateway = self.gateway
-        user = await gateway.authenticate(request)
-        lp = self.sessions.get(request.path_params["session"])
-        if lp is None or lp.session.owner != gateway.user_key(user):
+    def _owned(self, sid: str, user: Any) -> LongPollSession:
+        """The long-poll session ``sid``, if it belongs to ``user``; else 404 for all cases."""
+        lp = self.sessions.get(sid)
+        if lp is None or lp.session.owner != self.gateway.user_key(user):
             raise ProtocolError("unknown or ended session", ErrorCode.SESSION_EXPIRED)
         return lp
 
@@ -208,15 +292,58 @@ class LongPollSession:
             w.set_result(False)
 
 
-def _frame_response(frame: bytes, number: int) -> Response:
-    return Response(frame, media_type=_OCTETS, headers={FRAME_HEADER: str(number)})
+class Answer:
+    """What a long-poll request is answered, built here or on the session's node."""
+
+    __slots__ = ("status", "body", "frame")
+
+    def __init__(self, status: int, body: bytes = b"", frame: int = 0) -> None:
+        self.status = status
+        self.body = body
+        self.frame = frame
+
+    def response(self) -> Response:
+        if self.status == 200 and self.frame:
+            return Response(self.body, media_type=_OCTETS, headers={FRAME_HEADER: str(self.frame)})
+        if self.status == 200:
+            return Response(self.body, media_type=_OCTETS)
+        if self.status in (202, 204):
+            return Response(status_code=self.status)
+        return PlainTextResponse(self.body.decode(errors="replace"), status_code=self.status)
+
+    def head(self) -> Head:
+        return {"status": self.status, "frame": self.frame}
+
+
+def _ack(raw: str) -> int:
+    if not raw.isdigit() or len(raw) > 20:
+        raise ProtocolError(f"ack must be a frame number, got {raw[:24]!r}")
+    return int(raw)
+
+
+def _resumes(msgs: list[Message]) -> str:
+    """The session id a HELLO asks to resume ("" for none)."""
+    hello = msgs[0] if msgs else None
+    return hello.resume.partition(".")[0] if isinstance(hello, Hello) else ""
+
+
+def owner_tag(user: Any) -> str:
+    """The user as another node compares it with a session's owner."""
+    return owner_tag_of(Gateway.user_key(user))
+
+
+def owner_tag_of(key: Any) -> str:
+    return repr(key)
+
+
+_STATUS = {
+    ErrorCode.TOO_LARGE: 413,
+    ErrorCode.NOT_AUTHORISED: 403,
+    ErrorCode.TOO_MANY: 503,
+    ErrorCode.SESSION_EXPIRED: 404,
+}
 
 
 def _error_response(exc: ProtocolError) -> Response:
-    status = {
-        ErrorCode.TOO_LARGE: 413,
-        ErrorCode.NOT_AUTHORISED: 403,
-        ErrorCode.TOO_MANY: 503,
-        ErrorCode.SESSION_EXPIRED: 404,
-    }.get(exc.code, 400)
+    status = _STATUS.get(exc.code, 400)
     return PlainTextResponse(f"{exc} (code {int(exc.code)})", status_code=status)

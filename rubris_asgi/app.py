@@ -31,7 +31,7 @@ from .api import AuthorizeApi, HttpApi
 from .assets import Assets
 from .batch_api import BatchApi
 from .batch_topics import AuthorizeBatch, BatchTopics
-from .batches import BatchStore, ItemRef, SQLiteBatchStore, parse_item
+from .batches import BatchStore, ItemRef, parse_item
 from .batches.service import Batches
 from .brokers import WORKERS_ENV, Broker, broker_from
 from .channels import _UNSET, Registry
@@ -52,6 +52,7 @@ from .topic_api import TopicApi
 from .topics import SharedTopic
 from .transports.gateway import Authenticate, Gateway
 from .transports.longpoll import LongPollSession, LongPollTransport
+from .transports.relay import Relays
 from .transports.websocket import WebSocketTransport
 from .workers import WorkerBoard
 from .workers import stats_dir as _stats_dir
@@ -76,21 +77,6 @@ async def _room(waiters: deque[Callable[[], None]]) -> None:
     finally:
         with contextlib.suppress(ValueError):
             waiters.remove(wake)
-
-
-def _batches(spec: Batches | BatchStore | str | bool, config: Config) -> Batches | None:
-    """``Rubris(batches=...)`` made into the ``Batches`` it means (None: off)."""
-    if spec is False:
-        return None
-    if isinstance(spec, Batches):
-        return spec
-    if spec is True:
-        spec = SQLiteBatchStore()
-    elif isinstance(spec, str):
-        spec = SQLiteBatchStore(spec)
-    if not isinstance(spec, BatchStore):
-        raise TypeError(f"batches: a BatchStore, a path or a bool, got {type(spec).__name__}")
-    return Batches(spec, config.batches)
 
 
 class Rubris:
@@ -170,6 +156,11 @@ class Rubris:
         self.websocket = WebSocketTransport(self.gateway)
         self.longpoll = LongPollTransport(self.gateway)
         self.longpoll.serve_forwarded()  # polls that reach another node first (several nodes)
+        self.relays = Relays(self.gateway)
+        """WebSockets carried to and from other nodes' sessions (several nodes)."""
+        self.websocket.relays = self.relays
+        if self.broker.distributed:
+            self.relays.serve()
         self.engine.on_session_end = self._session_ended
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
@@ -182,7 +173,7 @@ class Rubris:
             self.engine, self.registry, config, token=api_token, authorize=authorize_api
         )
         self.api.broker = self.broker
-        self._batches = _batches(batches, config)
+        self._batches = Batches.from_spec(batches, config)
         batch_routes = []
         if self._batches is not None:
             self.engine.on_item_end = self._batches.item_ended
@@ -459,6 +450,7 @@ class Rubris:
     def _session_ended(self, s: Session) -> None:
         self.dispatcher.cancel_session(s)
         self.longpoll.session_ended(s)
+        self.relays.session_ended(s)
 
     # ASGI
 
@@ -581,6 +573,8 @@ class Rubris:
         ):
             await asyncio.sleep(0.01)
         await self.websocket.abort_all(ErrorCode.SHUTTING_DOWN, "server shutting down")
+        # connections carried for other nodes' sessions: their clients reconnect elsewhere
+        await self.relays.close_entries(1012, "server restarting")
         for s in list(engine.sessions.values()):
             engine.end_session(s)
 

@@ -111,7 +111,11 @@ async def test_the_first_value_is_published_once_however_many_nodes_ask(url: str
             assert await b.publish_async("snap.X", "next") == 2
 
 
-async def test_a_client_moved_to_another_node_recovers_its_ring(url: str) -> None:
+async def test_a_client_whose_session_is_gone_recovers_its_ring_on_another_node(
+    url: str,
+) -> None:
+    """Its session ended on node A (expired, or A gone): on node B it starts a new session
+    and recovers the ring from Redis with epoch/since."""
     async with nodes(url) as [(a, base_a), (b, base_b)]:
         async with Balancer([base_a, base_b]) as lb:
             async with Client(lb.base + "/rubris", backoff=(0.05, 0.2)) as c:
@@ -123,6 +127,7 @@ async def test_a_client_moved_to_another_node_recovers_its_ring(url: str) -> Non
                 lb.route(1)
                 lb.cut()
                 await until(lambda: c.state != "open", "the cut seen")
+                a.engine.end_session(a.engine.sessions[c.session_id])  # type: ignore[index]
                 for i in range(5, 8):  # while the client is away
                     b.publish("ring.r", i)
                 await until(lambda: len(got) == 8, "the 3 missed, recovered on node B", 10)
@@ -339,3 +344,46 @@ async def test_a_long_poll_resume_and_polls_on_the_other_node(url: str) -> None:
             assert r.status_code == 404
             fresh = await lp_hello(on_b, resume=w.resume)
             assert not fresh.resumed and fresh.session in b.engine.sessions
+
+
+async def test_a_websocket_moved_to_another_node_loses_nothing_private(url: str) -> None:
+    """A WebSocket client reconnected through the balancer to node B resumes its session on A
+    (A alive), carried through Redis: its private messages sent meanwhile, its ring cursor and
+    its subscriptions all survive; reconnected to A again, it goes direct."""
+    async with nodes(url) as [(a, base_a), (b, base_b)]:
+        async with Balancer([base_a, base_b]) as lb:
+            async with Client(lb.base + "/rubris", backoff=(0.05, 0.2)) as c:
+                _, got = await collect(c, "ring.ws")
+                _, private = await collect(c, "inbox")
+                session = a.engine.sessions[c.session_id]  # type: ignore[index]
+                for i in range(5):
+                    a.publish("ring.ws", i)
+                    await a.send(session, "inbox", {"n": i})
+                await until(lambda: len(got) == 5 and len(private) == 5, "before the move")
+                lb.route(1)
+                lb.cut()
+                for i in range(5, 12):  # while the client is away: held for it on A
+                    a.publish("ring.ws", i)
+                    await a.send(session, "inbox", {"n": i})
+                await until(lambda: c.stats.reconnects == 1 and c.state == "open", "on B")
+                assert c.resumed and len(b.relays.entries) == 1 and len(a.relays.homes) == 1
+                assert c.session_id not in b.engine.sessions
+                for i in range(12, 20):  # published on B, sent on A: both reach it through B
+                    b.publish("ring.ws", i)
+                    await a.send(session, "inbox", {"n": i})
+                await until(lambda: len(private) == 20 and got[-1] == (20, 19), "all of it", 10)
+                assert [v["n"] for _, v in private] == list(range(20))  # nothing private lost
+                # ring messages come in order, once; those written to the old connection as it
+                # died are lost with it (resumed, the ring goes on from its cursor), the rest
+                # arrive, every one published after the move among them
+                seqs = [seq for seq, _ in got]
+                assert seqs == sorted(set(seqs)) and all((i + 1, i) in got for i in range(12, 20))
+                assert all(v == seq - 1 for seq, v in got)
+                assert await c.call("echo", {"x": 1}) == {"x": 1}  # calls go home and back
+                lb.route(0)
+                lb.cut()
+                await until(lambda: c.stats.reconnects == 2 and c.state == "open", "on A again")
+                await until(lambda: not a.relays.homes and not b.relays.entries, "relay gone")
+                await a.send(session, "inbox", {"n": 20})
+                await until(lambda: len(private) == 21, "direct again")
+                assert c.resumed

@@ -1,9 +1,9 @@
 """The browser client in front of two nodes sharing their topics through a real Redis.
 
 The page comes from a load balancer (``Balancer``) that sends it to node A, then, after the
-plug is pulled, to node B: the browser reconnects on its own, subscribes again with what it
-holds and gets what it missed, recovered. A topic Redis lost restarts its numbering: the
-page subscribes again and carries on.
+plug is pulled, to node B: the browser reconnects on its own and resumes its session, carried
+to A; with its session gone, it subscribes again with what it holds and recovers what it
+missed. A topic Redis lost restarts its numbering: the page subscribes again, carries on.
 """
 
 from __future__ import annotations
@@ -83,7 +83,12 @@ async def wait(page: Page, expression: str, arg: Any = None) -> Any:
     return await handle.json_value()
 
 
-async def test_a_page_moved_to_another_node_recovers_what_it_missed(page: Page, url: str) -> None:
+async def test_a_page_moved_to_another_node_keeps_its_session_or_recovers(
+    page: Page, url: str
+) -> None:
+    """Reconnected to node B while A lives, the page resumes its session (carried to A through
+    Redis) and misses nothing; when its session is gone, it starts one on B and recovers the
+    ring from Redis."""
     a = make_rubris(broker=RedisBroker(url), batches=False)
     b = make_rubris(broker=RedisBroker(url), batches=False)
     errors: list[str] = []
@@ -100,15 +105,23 @@ async def test_a_page_moved_to_another_node_recovers_what_it_missed(page: Page, 
             for i in range(5, 8):
                 b.publish("ring.page", i)
             await wait(page, "() => window.got.length === 8")
+            assert len(b.relays.entries) == 1 and len(a.relays.homes) == 1  # resumed via B
+            assert len(await page.evaluate("() => window.infos")) == 1  # no new subscription
+            # its session gone (as with node A), the page starts one on B and recovers
+            sid = next(iter(a.relays.homes))
+            a.engine.end_session(a.engine.sessions[sid])
+            await wait(page, "() => window.client.state !== 'open'")
+            for i in range(8, 11):
+                b.publish("ring.page", i)
+            await wait(page, "() => window.got.length === 11")
             got = await page.evaluate("() => window.got")
-            assert got == [[i + 1, i] for i in range(8)]
+            assert got == [[i + 1, i] for i in range(11)]
             infos = await page.evaluate("() => window.infos")
-            assert (
-                len(infos) == 2 and infos[1]["recovered"] and infos[0]["epoch"] == infos[1]["epoch"]
-            )
-            assert lb.connections[1] >= 1 and b.stats().connected == 1
-            a.publish("ring.page", 8)  # one topic still: A's publish reaches the page on B
-            await wait(page, "() => window.got.length === 9")
+            assert len(infos) == 2 and infos[1]["recovered"]
+            assert infos[0]["epoch"] == infos[1]["epoch"]
+            assert b.stats().connected == 1 and not b.relays.entries
+            a.publish("ring.page", 11)  # one topic still: A's publish reaches the page on B
+            await wait(page, "() => window.got.length === 12")
             assert not errors, errors
 
 

@@ -17,10 +17,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import BatchConfig
 from ..errors import BatchError
 from .ids import BATCH_ID, ItemRef, item_ids, new_batch_id, parse_item
+from .sqlite_store import SQLiteBatchStore
 from .store import BatchStore
 from .tracker import BatchStatus
 
@@ -78,6 +80,22 @@ class Batches:
         self._done: list[str] = []
         self._failed: list[str] = []
         self._wake: asyncio.Event | None = None
+
+    @classmethod
+    def from_spec(cls, spec: Batches | BatchStore | str | bool, config: Any) -> Batches | None:
+        """``Rubris(batches=...)`` made into the ``Batches`` it means (None: off); ``config``
+        is the app's ``Config``."""
+        if spec is False:
+            return None
+        if isinstance(spec, Batches):
+            return spec
+        if spec is True:
+            spec = SQLiteBatchStore()
+        elif isinstance(spec, str):
+            spec = SQLiteBatchStore(spec)
+        if not isinstance(spec, BatchStore):
+            raise TypeError(f"batches: a BatchStore, a path or a bool, got {type(spec).__name__}")
+        return cls(spec, config.batches)
 
     # the operations
 

@@ -76,6 +76,13 @@ class Broker:
         self.node = ""
         """This node's id among the others ("" alone); what its session ids start with."""
 
+    def home_of(self, session_id: str) -> str:
+        """The other node that holds the session ``session_id`` ("" for this node, or alone)."""
+        if not self.distributed:
+            return ""
+        node = node_of(session_id)
+        return node if node != self.node else ""
+
     def on(self, op: str, handler: Callable[[Head, bytes], Awaitable[tuple[Head, bytes]]]) -> None:
         """Answer the requests ``op`` of other nodes with ``handler(head, body)``."""
 

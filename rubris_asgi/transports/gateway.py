@@ -89,6 +89,12 @@ class Gateway:
                     return (type(user).__name__, value)
         return ("object", id(user))
 
+    @classmethod
+    def owner_tag(cls, user: Any) -> str:
+        """The user as another node compares it with a session's owner (``repr`` of its key:
+        a user known only by ``id()`` never matches on another node)."""
+        return repr(cls.user_key(user))
+
     def origin_allowed(self, origin: str | None, host: str | None = None) -> bool:
         if origin is None or "*" in self.allowed_origins or origin in self.allowed_origins:
             return True  # no Origin: not a browser, so not a cross-site hijack
@@ -165,3 +171,9 @@ def _hello(msgs: list[Message]) -> Hello:
             ErrorCode.UNSUPPORTED_VERSION,
         )
     return hello
+
+
+def resumed_id(msgs: list[Message]) -> str:
+    """The session id a first frame's HELLO asks to resume ("" for none)."""
+    hello = msgs[0] if msgs else None
+    return hello.resume.partition(".")[0] if isinstance(hello, Hello) else ""

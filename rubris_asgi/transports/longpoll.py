@@ -15,12 +15,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from ..brokers.base import Head, NodeGone, node_of
+from ..brokers.base import Head, NodeGone
 from ..buffers import FrameBuffer
 from ..errors import BrokerUnavailable, ErrorCode, ProtocolError
-from ..protocol import Hello, Message
+from ..protocol import Message
 from ..session import Session, SessionState
-from .gateway import Gateway
+from .gateway import Gateway, resumed_id
 
 FRAME_HEADER = "Rubris-Frame"
 _OCTETS = "application/octet-stream"
@@ -68,9 +68,9 @@ class LongPollTransport:
             user = await gateway.authenticate(request)
             body = await self._read_body(request)
             msgs = gateway.decode_client_frame(body)
-            node = self._elsewhere(_resumes(msgs))
+            node = self._elsewhere(resumed_id(msgs))
             if node:  # it resumes a session of another node: that node answers
-                answer = await self._forward(node, OPEN, {"key": owner_tag(user)}, body)
+                answer = await self._forward(node, OPEN, {"key": Gateway.owner_tag(user)}, body)
                 if answer.status != 404:
                     return answer.response()
             s, resumed = gateway.open_or_resume(msgs, user)
@@ -95,7 +95,7 @@ class LongPollTransport:
             body = await self._read_body(request)
             node = self._elsewhere(sid)
             if node:
-                head = {"sid": sid, "key": owner_tag(user)}
+                head = {"sid": sid, "key": Gateway.owner_tag(user)}
                 return (await self._forward(node, POST, head, body)).response()
             return (await self._post(self._owned(sid, user), body)).response()
         except ProtocolError as exc:
@@ -114,7 +114,7 @@ class LongPollTransport:
             ack = _ack(request.query_params.get("ack", "0"))
             node = self._elsewhere(sid)
             if node:
-                head = {"sid": sid, "key": owner_tag(user), "ack": ack}
+                head = {"sid": sid, "key": Gateway.owner_tag(user), "ack": ack}
                 return (await self._forward(node, POLL, head, b"")).response()
             lp = self._owned(sid, user)
         except ProtocolError as exc:
@@ -163,9 +163,7 @@ class LongPollTransport:
 
     def _elsewhere(self, sid: str) -> str:
         """The node ``sid`` lives on when that is another one ("" for this one, or alone)."""
-        broker = self.gateway.dispatcher.broker
-        node = node_of(sid) if broker.distributed and sid else ""
-        return node if node != broker.node else ""
+        return self.gateway.dispatcher.broker.home_of(sid)
 
     async def _forward(self, node: str, op: str, head: Head, body: bytes) -> Answer:
         timing = self.gateway.config.timing
@@ -214,7 +212,7 @@ class LongPollTransport:
 
     def _tagged(self, head: Head) -> LongPollSession:
         lp = self.sessions.get(str(head.get("sid")))
-        if lp is None or owner_tag_of(lp.session.owner) != head.get("key"):
+        if lp is None or repr(lp.session.owner) != head.get("key"):
             raise ProtocolError("unknown or ended session", ErrorCode.SESSION_EXPIRED)
         return lp
 
@@ -319,21 +317,6 @@ def _ack(raw: str) -> int:
     if not raw.isdigit() or len(raw) > 20:
         raise ProtocolError(f"ack must be a frame number, got {raw[:24]!r}")
     return int(raw)
-
-
-def _resumes(msgs: list[Message]) -> str:
-    """The session id a HELLO asks to resume ("" for none)."""
-    hello = msgs[0] if msgs else None
-    return hello.resume.partition(".")[0] if isinstance(hello, Hello) else ""
-
-
-def owner_tag(user: Any) -> str:
-    """The user as another node compares it with a session's owner."""
-    return owner_tag_of(Gateway.user_key(user))
-
-
-def owner_tag_of(key: Any) -> str:
-    return repr(key)
 
 
 _STATUS = {

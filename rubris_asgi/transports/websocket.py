@@ -30,7 +30,8 @@ from ..errors import ErrorCode, ProtocolError
 from ..flow import on_write_done
 from ..protocol import SUBPROTOCOL, Goodbye, encode
 from ..session import Session, SessionState
-from .gateway import CLOSE_CODES, Gateway
+from .gateway import CLOSE_CODES, Gateway, resumed_id
+from .relay import Relays
 
 log = logging.getLogger("rubris_asgi")
 
@@ -44,6 +45,9 @@ class WebSocketTransport:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.connections: set[WebSocketConnection] = set()
+        self.relays: Relays | None = None
+        """With several nodes: connections that resume another node's session are carried
+        to it (set by the app)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await WebSocketConnection(self, scope, receive, send).run()
@@ -250,8 +254,8 @@ class WebSocketConnection:
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         refused = False
         try:
-            await self._handshake(user)
-            await self._reader()
+            if await self._handshake(user):
+                await self._reader()
         except (WebSocketDisconnect, asyncio.TimeoutError):
             pass
         except ProtocolError as exc:
@@ -271,10 +275,18 @@ class WebSocketConnection:
                 else:
                     gateway.engine.end_session(s)
 
-    async def _handshake(self, user: Any) -> None:
+    async def _handshake(self, user: Any) -> bool:
+        """HELLO to WELCOME; False when the connection was carried for another node's session
+        (relay.py) and is over."""
         gateway = self.gateway
         msg = await asyncio.wait_for(self.ws.receive(), gateway.config.timing.heartbeat * 2)
-        msgs = gateway.decode_client_frame(self._frame_bytes(msg))
+        frame = self._frame_bytes(msg)
+        msgs = gateway.decode_client_frame(frame)
+        relays = self.transport.relays
+        home = gateway.dispatcher.broker.home_of(resumed_id(msgs))
+        if home and relays is not None:
+            if await relays.carry(self.ws, home, frame, gateway.owner_tag(user)):
+                return False
         s, resumed = gateway.open_or_resume(msgs, user)
         s.transport = "websocket"
         self.session = s
@@ -282,6 +294,7 @@ class WebSocketConnection:
         gateway.engine.attach(s, self)
         self.transport.connections.add(self)
         await gateway.dispatcher.handle(s, msgs[1:])
+        return True
 
     def _frame_bytes(self, msg: Any) -> bytes:
         if msg["type"] == "websocket.disconnect":

@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 import weakref
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
@@ -45,9 +44,10 @@ from .observer import Observer
 from .ops import OpsPage
 from .protocol import Codec, Mode
 from .queues import QueueSettings, QueueStats, QueueTopic
+from .remote import RemoteSends
 from .session import Session, SessionState
 from .stats import Stats, collect_stats
-from .threads import call_in_loop
+from .threads import call_in_loop, wait_for_room
 from .topic_api import TopicApi
 from .topics import SharedTopic
 from .transports.gateway import Authenticate, Gateway
@@ -60,23 +60,6 @@ from .workers import stats_dir as _stats_dir
 log = logging.getLogger("rubris_asgi")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-async def _room(waiters: deque[Callable[[], None]]) -> None:
-    """Wait until the queue owning ``waiters`` calls us back because room freed (a private
-    queue's ACK, a work queue's deal), or it is given up (the session ended)."""
-    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def wake() -> None:
-        if not fut.done():
-            fut.set_result(None)
-
-    waiters.append(wake)
-    try:
-        await fut
-    finally:
-        with contextlib.suppress(ValueError):
-            waiters.remove(wake)
 
 
 class Rubris:
@@ -159,8 +142,10 @@ class Rubris:
         self.relays = Relays(self.gateway)
         """WebSockets carried to and from other nodes' sessions (several nodes)."""
         self.websocket.relays = self.relays
+        self._remote = RemoteSends(self.engine, self.registry, self.broker, self.send)
         if self.broker.distributed:
             self.relays.serve()
+            self._remote.serve()
         self.engine.on_session_end = self._session_ended
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
@@ -381,7 +366,7 @@ class Rubris:
                 return self.engine.enqueue(q, value, id, batch_item)
             except QueueFull:
                 pass
-            await _room(q.waiters)
+            await wait_for_room(q.waiters)
 
     def _batch_item(self, text: str) -> ItemRef:
         if self._batches is None:
@@ -422,9 +407,15 @@ class Rubris:
                 return self.engine.send_nowait(session, q, value)
             except QueueFull:
                 pass
-            await _room(q.waiters)
+            await wait_for_room(q.waiters)
             if session.state is SessionState.CLOSED:
                 raise SessionClosed(f"session {session.id[:8]}… has ended")
+
+    async def send_to(self, session_id: str, name: str, value: Any) -> int:
+        """``send`` to the session ``session_id`` on whichever node it lives (remote.py);
+        ``SessionClosed`` when there is none."""
+        self._on_loop("send_to")
+        return await self._remote.send_to(session_id, name, value)
 
     def _on_loop(self, what: str) -> None:
         """Refuse an async call made from another event loop than the server's: the engine's

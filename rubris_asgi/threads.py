@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -42,3 +44,20 @@ def call_in_loop(loop: asyncio.AbstractEventLoop | None, fn: Callable[..., R], *
                 raise RuntimeError(
                     "the server's event loop stopped before taking the call"
                 ) from None
+
+
+async def wait_for_room(waiters: deque[Callable[[], None]]) -> None:
+    """Wait until the queue owning ``waiters`` calls us back because room freed (a private
+    queue's ACK, a work queue's deal), or it is given up (the session ended)."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    waiters.append(wake)
+    try:
+        await fut
+    finally:
+        with contextlib.suppress(ValueError):
+            waiters.remove(wake)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from rubris_asgi import BrokerUnavailable, Rubris
+from rubris_asgi import BrokerUnavailable, ProtocolError, Rubris, SessionClosed
 from rubris_asgi.batches.redis_store import RedisBatchStore
 from rubris_asgi.brokers import RedisBroker
 from rubris_asgi.client import Client
@@ -387,3 +387,26 @@ async def test_a_websocket_moved_to_another_node_loses_nothing_private(url: str)
                 await a.send(session, "inbox", {"n": 20})
                 await until(lambda: len(private) == 21, "direct again")
                 assert c.resumed
+
+
+async def test_send_to_a_session_on_another_node_keeps_back_pressure(url: str) -> None:
+    """``send_to`` by session id from node B reaches a session on node A, in order, waiting
+    while its private queue (16) is full; a session that is gone raises SessionClosed."""
+    async with nodes(url) as [(a, base_a), (b, _)]:
+        async with Client(base_a + "/rubris", ack_every=4) as c:
+            _, private = await collect(c, "inbox")
+            sid = c.session_id
+            assert sid is not None and sid in a.engine.sessions
+            seqs = [await b.send_to(sid, "inbox", {"n": i}) for i in range(40)]
+            assert seqs == list(range(1, 41))
+            await until(lambda: len(private) == 40, "40 private messages")
+            assert [v["n"] for _, v in private] == list(range(40))
+            assert await a.send_to(sid, "inbox", b'{"n": 40}') == 41  # local: plain send
+            with pytest.raises(ProtocolError):
+                await b.send_to(sid, "no.such.channel", 1)
+        with pytest.raises(SessionClosed):
+            for _ in range(200):  # the session ends once its client has gone
+                await b.send_to(sid, "inbox", {"late": True})
+                await asyncio.sleep(0.05)
+        with pytest.raises(SessionClosed):
+            await b.send_to("nobody~x", "inbox", 1)

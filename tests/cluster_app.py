@@ -29,6 +29,20 @@ async def snap(session: Session, name: str) -> None:
     return None
 
 
+@rubris.private("inbox", queue=16)
+async def inbox(session: Session) -> None:
+    return None
+
+
+@rubris.rpc("send_inbox")
+async def send_inbox(session: Session, args: dict[str, int | str]) -> int:
+    """Private messages ``{"n": i}`` for ``start`` <= i < ``stop`` to the session ``sid``,
+    wherever it lives (``send_to``): what a worker does for a user on another worker."""
+    for i in range(int(args["start"]), int(args["stop"])):
+        await rubris.send_to(str(args["sid"]), "inbox", {"n": i})
+    return int(args["stop"]) - int(args["start"])
+
+
 @rubris.rpc("pid")
 async def pid(session: Session, args: object) -> int:
     """Which worker process serves this session."""

@@ -208,3 +208,54 @@ async def test_serve_with_two_workers_and_no_broker_refuses_to_start() -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 3
     assert b"workers without a broker" in err and b"RUBRIS_REDIS_URL" in err
+
+
+async def test_a_websocket_moved_between_processes_loses_nothing_private(
+    redis: RedisServer,
+) -> None:
+    """Reconnected to process B while A lives, a WebSocket client resumes its session on A
+    through B; private messages sent to it from B (``send_to``) before, during and after the
+    move all arrive, once, in order."""
+    redis.flush()
+    async with two_nodes(redis.url) as [(_, base_a), (_, base_b)]:
+        async with Balancer([base_a, base_b]) as lb:
+            async with (
+                Client(lb.base + "/rubris", backoff=(0.05, 0.3)) as moved,
+                Client(base_b + "/rubris") as sender,
+            ):
+                _, private = await collect(moved, "inbox")
+                sid = moved.session_id
+                a_pid = await moved.call("pid", None)
+                send = {"sid": sid, "start": 0, "stop": 10}
+                assert await sender.call("send_inbox", send) == 10
+                await until(lambda: len(private) == 10, "10 before the move")
+                lb.route(1)
+                lb.cut()
+                await sender.call("send_inbox", {**send, "start": 10, "stop": 20})  # away
+                await until(lambda: moved.stats.reconnects == 1 and moved.state == "open", "back")
+                assert moved.resumed and moved.session_id == sid
+                assert await moved.call("pid", None) == a_pid  # its session still lives on A
+                await sender.call("send_inbox", {**send, "start": 20, "stop": 30})
+                await until(lambda: len(private) == 30, "30 private messages", 15)
+                assert [v["n"] for _, v in private] == list(range(30))
+
+
+async def test_long_poll_alternating_between_processes_loses_nothing(redis: RedisServer) -> None:
+    redis.flush()
+    async with two_nodes(redis.url) as [(_, base_a), (_, base_b)]:
+        async with (
+            Balancer([base_a, base_b], rotate=True) as lb,
+            httpx.AsyncClient() as http,
+        ):
+            fresh = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
+            async with Client(lb.base + "/rubris", transport="longpoll", http_transport=fresh) as c:
+                _, got = await collect(c, "ring.lp")
+                _, private = await collect(c, "inbox")
+                send = {"sid": c.session_id, "start": 0, "stop": 0}
+                for i in range(20):
+                    await publish(http, base_a if i % 2 else base_b, "ring.lp", [i])
+                    await c.call("send_inbox", {**send, "start": i, "stop": i + 1})
+                await until(lambda: len(got) == 20 and len(private) == 20, "everything", 20)
+                assert got == [(i + 1, i) for i in range(20)]
+                assert [v["n"] for _, v in private] == list(range(20))
+                assert min(lb.connections) >= 10 and c.stats.reconnects == 0

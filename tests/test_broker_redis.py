@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from rubris_asgi import BrokerUnavailable, ProtocolError, Rubris, SessionClosed
 from rubris_asgi.batches.redis_store import RedisBatchStore
 from rubris_asgi.brokers import RedisBroker
-from rubris_asgi.client import Client
+from rubris_asgi.client import Client, SubscribeRejected
 from rubris_asgi.protocol import Subscribe, Subscribed, encode_frame
 
 from .apps import make_rubris, starlette_app
@@ -410,3 +410,35 @@ async def test_send_to_a_session_on_another_node_keeps_back_pressure(url: str) -
                 await asyncio.sleep(0.05)
         with pytest.raises(SessionClosed):
             await b.send_to("nobody~x", "inbox", 1)
+
+
+async def test_while_redis_is_away_new_subscriptions_and_the_api_are_refused_clearly() -> None:
+    with RedisServer(persist=True) as server:
+        async with nodes(server.url) as [(a, base_a), _]:
+            async with Client(base_a + "/rubris") as c, httpx.AsyncClient() as http:
+                _, got = await collect(c, "ring.kept")
+                server.kill()
+                accepted = 0
+                with pytest.raises(BrokerUnavailable):
+                    for _ in range(100):  # the first may be taken before the loss is seen
+                        a.publish("ring.kept", accepted)
+                        accepted += 1
+                        await asyncio.sleep(0.02)
+                await until(lambda: not a.stats().broker.up, "the loss seen")
+                with pytest.raises(SubscribeRejected) as rejected:
+                    await c.subscribe("ring.new")  # a topic this node does not follow yet
+                assert rejected.value.code == 6 and "Redis" in rejected.value.reason
+                r = await http.post(
+                    base_a + "/rubris/api/publish",
+                    json=[{"topic": "ring.kept", "data": 1}],
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                )
+                assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
+                assert "Redis" in r.json()["error"]
+                server.restart()
+                await until(lambda: a.stats().broker.up, "back")
+                _, fresh = await collect(c, "ring.new")
+                a.publish("ring.new", "hello")
+                await until(lambda: fresh == [(1, "hello")], "a new topic after the restart")
+                want = [(i + 1, i) for i in range(accepted)]
+                await until(lambda: got == want, "what was accepted before the refusals")

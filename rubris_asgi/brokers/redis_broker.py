@@ -157,6 +157,7 @@ class RedisBroker(Broker):
         self._reader_down = False
         self._refreshed = 0.0
         self._emptied = asyncio.Event()
+        self._side: set[asyncio.Task[None]] = set()
 
     # life
 
@@ -197,10 +198,10 @@ class RedisBroker(Broker):
                 await asyncio.wait_for(self._emptied.wait(), flush)
         if self._outbox:
             log.error("Redis broker stopped with %d publishes not sent", len(self._outbox))
-        for task in self._tasks:
+        for task in (*self._tasks, *self._side):
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+        for task in (*self._tasks, *self._side):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
         lost = BrokerUnavailable("the broker stopped before this publish was numbered")
@@ -331,8 +332,8 @@ class RedisBroker(Broker):
                 if not f.ready.done():
                     f.ready.set_exception(BrokerUnavailable(f"cannot follow {topic.name}: {exc}"))
                     f.ready.exception()  # retrieved: nobody else may be waiting
-                if isinstance(exc, DOWN):
-                    raise BrokerUnavailable(f"cannot follow {topic.name}: {exc}") from exc
+                if isinstance(exc, (*DOWN, asyncio.TimeoutError)):
+                    raise BrokerUnavailable(f"cannot follow {topic.name}: {exc!r}") from exc
                 raise
             f.ready.set_result(None)
         elif f.ready is not None and not f.ready.done():
@@ -436,7 +437,13 @@ class RedisBroker(Broker):
         # a hole: read it from the history, holding what arrives meanwhile
         f.held.append((epoch, seq, payload, compressed))
         f.state = _JOINING
-        asyncio.get_running_loop().create_task(self._repair(f))
+        self._background(self._repair(f))
+
+    def _background(self, coro: Any) -> None:
+        """Run ``coro`` in a task kept until it ends (the loop keeps only weak references)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
 
     async def _repair(self, f: _Follow) -> None:
         try:
@@ -474,8 +481,9 @@ class RedisBroker(Broker):
             with contextlib.suppress(*DOWN):
                 await ps.aclose()
         for fut in self._confirm.values():
-            if not fut.done():
-                fut.cancel()
+            if not fut.done():  # a follow waiting for its SUBSCRIBE: refused, not cancelled
+                fut.set_exception(BrokerUnavailable("the connection to Redis was lost"))
+                fut.exception()  # retrieved: its follow may be gone already
         self._confirm.clear()
 
     async def _read_loop(self) -> None:
@@ -542,19 +550,21 @@ class RedisBroker(Broker):
             del self._following[name]
         if self._pubsub is None or self._reader_down:
             return
-        loop = asyncio.get_running_loop()
         if gone:
-            loop.create_task(self._quietly(self._unfollow(gone)))
+            self._background(self._quietly(self._unfollow(gone)))
         if now - self._refreshed >= REFRESH and self._following:
             # the position check: every followed topic's state read again, which refreshes
             # its expiry in Redis and repairs anything missed that nothing else revealed (a
             # snapshot's last message lost with a connection)
             self._refreshed = now
             live = [f for f in self._following.values() if f.state == _LIVE]
-            loop.create_task(self._quietly(self._catch_up(live)))
+            self._background(self._quietly(self._catch_up(live)))
 
     async def _unfollow(self, names: list[str]) -> None:
-        await self._pubsub.unsubscribe(*(self._channel + n.encode() for n in names))
+        ps = self._pubsub
+        if ps is None:  # reconnecting: the new connection subscribes only to what is followed
+            return
+        await ps.unsubscribe(*(self._channel + n.encode() for n in names))
         # followed again while the UNSUBSCRIBE was on its way: that follow's SUBSCRIBE may
         # have gone first, and this one undone it
         back = [n for n in names if n in self._following]
@@ -563,7 +573,7 @@ class RedisBroker(Broker):
             await self._catch_up([self._following[n] for n in back if n in self._following])
 
     async def _quietly(self, aw: Any) -> None:
-        with contextlib.suppress(*DOWN):
+        with contextlib.suppress(*DOWN, BrokerUnavailable):
             await aw
 
     def stats(self) -> BrokerStats:

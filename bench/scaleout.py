@@ -1,0 +1,933 @@
+"""Scale-out benchmark: one node alone, one node through Redis, two nodes through Redis.
+
+Not a test. bench/fanout.py's method (real sockets on 127.0.0.1, the clients in this process,
+publish-to-receive latency from a CLOCK_MONOTONIC stamp in each payload, cross-client skew,
+GAPs, noisy-window detection) on three configurations side by side. Each configuration has
+its own fresh server processes (bench/_scaleout_server.py: bench/_fanout_server.py's
+Starlette app with Rubris at /rubris, on uvicorn; one process is one node):
+
+    local    one node, no broker: bench/fanout.py's server
+    redis1   the same node with ``RUBRIS_REDIS_URL`` set: every publish of its publisher goes
+             to Redis (the broker's outbox, one Lua script per batch of up to 256) and comes
+             back through pub/sub before it reaches a client
+    redis2   two nodes (two processes on two ports, both with ``RUBRIS_REDIS_URL``), 1,000
+             clients on each; the publisher runs in node A only, so node B hears everything
+             through Redis. Two processes rather than ``rubris_asgi.serve(workers=2)`` (how
+             users run it): the bench splits the clients exactly and reads each node's own CPU
+
+Each Redis configuration has its own ``redis-server`` (``tests.rediskit.RedisServer``: a free
+port, no persistence): all three configurations are up at once (below), and Redis's pub/sub
+channels are server-wide, so one shared server would hand redis1's publishes to redis2's nodes.
+
+Every client subscribes to all 10 ring topics ``bench.0`` .. ``bench.9``: 2,000 clients are
+20,000 subscriptions, and one *round* (one message to each topic, 10 publishes) is 20,000
+deliveries. Payloads are fanout.py's (~80-byte orjson, not compressed). Two phases:
+
+    fixed   open loop at ``--rate`` deliveries/s (default 100,000 = 5 rounds/s, fanout.py's
+            latency rate), each round published at once and stamped with its scheduled time.
+            The issue asks for a rate one node serves with p99 < 50 ms; at 2,000 clients there
+            is none for whole rounds: a round is 2,000 frames, which one node takes ~40-50 ms
+            to write (the skew p50) whatever the rate, and the load core as long to read, so
+            the p99 is ~60-70 ms from 2 to 10 rounds/s (measured: 40,000/s 65 ms, 100,000/s
+            64 ms, 200,000/s 70 ms). ``--spread`` publishes one message at a time, evenly
+            (each a frame of its own): p99 ~43 ms at 20,000/s on a quiet machine, but at ~7x
+            the CPU per delivery (15 against 2 CPU-s per million), and 200,000/s then
+            saturates the node. 100,000/s leaves the node at ~20 % and the load at ~30 %,
+            room for redis2's two nodes
+    max     closed loop driven by the load: rounds are published (``POST /control/rounds`` on
+            node A, one kept-alive connection) while fewer than ``--window`` (8) rounds'
+            deliveries are on their way to the clients of *all* nodes: the slowest node, the
+            trip through Redis and the load all hold it back (a closed loop inside node A
+            would not see node B fall behind), and the broker's outbox never holds more than
+            80 publishes, far from its 10,000 (a refused publish would be counted, not raised)
+
+The fixed phase's window spans whole publishing intervals, from and to the same point of one
+(when the last round is framed and read): cut at random, a 5 s window would hold 25 or 26
+rounds, +-4 % on the CPU per delivery, the very figure compared.
+
+**The machine drifts** (it is shared: the same window measured twice differs by up to 15 %),
+and the overhead sought is a few percent. So every configuration is started first (6,000
+clients in all; the idle ones cost nothing measurable), then each phase measures ``--repeat``
+(3) windows of each configuration in turn (after one unmeasured window each: a fresh node's
+first costs it more), the order turned by one each time, and each headline ratio is the
+median over the repetitions of the ratio of two windows measured seconds apart. A window in
+which other processes used a core is NOISY and measured again (``--noisy-retries``, within
+``--budget``); before each, the run waits (up to ``--quiet-wait`` s) for both cores to idle.
+Even so ``redis_cpu_overhead_pct`` moves by about +-10 points from run to run (quiet runs of
+the same code: -7.7, -5.2, -0.4, +9.0; its windows: one node's CPU per delivery differs by up
+to 15 % between two windows a minute apart): a figure within that says "not measurable here".
+``two_workers_vs_one`` is steadier (1.87 to 2.09 in the same runs).
+
+Figures per configuration and phase (the table shows the median window): delivered/s (counted
+by the clients), latency and skew p50/p99, the nodes' CPU (getrusage in each, over its own
+window) per million deliveries and deliveries per server CPU-second, each node's deliveries
+per CPU-second of its own process, Redis's CPU (on-CPU time of all its threads from
+/proc/<pid>/task/*/schedstat: nanoseconds, where /proc/<pid>/stat's utime+stime counts 10 ms
+ticks) per publish (a publish: one message to one topic) and per million deliveries, also net
+of its idle CPU (measured for a second with the nodes connected), load CPU %, messages per
+frame, user/system split, GC, and the bottleneck.
+
+**Cores** (2 on this machine, shared between the servers and the load):
+
+    local, redis1        the node on core 0; the load (this process) and redis-server on core 1
+    redis2 (default)     both nodes on core 0, time-sharing it; the load and redis-server on
+                         core 1: the nodes have exactly the core the single node had, so the
+                         configurations compare like for like, and redis2's measured maximum
+                         is one core's serving, less what splitting costs
+    redis2 --split       node A on core 0, node B on core 1 with the load and redis-server: B
+                         competes with the load, which near the maximum needs its whole core,
+                         so the raw maximum drops (measured 0.76x local's) and says little
+
+In every ``max`` phase the load's core is the limit (load ~95-100 %, the node(s) ~60-80 %):
+one load process reads ~350,000-450,000 deliveries/s at most, so the measured maxima are the
+load's as much as the servers', and no configuration here can show two cores' worth of serving.
+
+The headline figures:
+
+    redis_cpu_overhead_pct  redis1's server CPU per delivery / local's, - 1, in %, at the fixed
+                            rate (Redis's own CPU not included; printed beside it with it, and
+                            at max). The broker's cost on a node is per publish (the relay, the
+                            script call, above all hearing each message back through redis-py's
+                            pub/sub), so the share depends on subscribers per publish: here
+                            every publish reaches 2,000 of them
+    two_workers_vs_one      (node A's deliveries per CPU-second of its own process + node B's)
+                            in redis2's max phase / local's in its max phase: what two nodes
+                            would serve with a core each, over one node's maximum. It leaves
+                            out the cores the load and Redis would need, and that a node with a
+                            core to itself would not be time-shared (the nodes here switch on
+                            one core, which if anything costs them). The raw measured max
+                            delivered/s of redis2 over local's is printed beside it
+
+    python bench/scaleout.py            # about 3 minutes (at most ~4.5)
+    python bench/scaleout.py --quick    # 2 windows each, shorter: about a minute
+    python bench/scaleout.py --configs local,redis1 --phases fixed --rate 40000
+
+The last lines are one JSON object with every window's figures, then
+``redis_cpu_overhead_pct=X two_workers_vs_one=R``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import uvloop
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from _fanout_load import Client, Recorder, close_clients, open_clients, pinger  # noqa: E402
+from fanout import (  # noqa: E402
+    LOAD_CORE,
+    LOAD_GC,
+    NOISY_PCT,
+    SERVER_CORE,
+    Server,
+    core_usage,
+    cpu_ticks,
+    drain,
+    fmt,
+    http,
+    load_cpu,
+    ms,
+    noisy,
+    pct,
+    prepare_load,
+    quick_or_full,
+    wait_quiet,
+)
+
+from tests.rediskit import RedisServer  # noqa: E402
+
+NODE = os.path.join(HERE, "_scaleout_server.py")
+CLIENTS = 2000
+TOPICS = 10
+RATE = 100_000
+"""The fixed phase's deliveries/s: 5 rounds/s of 2,000 x 10."""
+ALIGN = 0.75
+"""Where in a publishing interval (0: a publish is due) the fixed phase's window starts and ends."""
+LATENCY_TARGET_MS = 50.0
+OVERHEAD_TARGET_PCT = 15.0
+SCALE_TARGET = 1.6
+
+
+@dataclass
+class Config:
+    """One configuration and, once started, its nodes, its clients and its windows."""
+
+    name: str
+    cores: list[int]
+    """Each node's core (node A first: it publishes)."""
+    redis: RedisServer | None = None
+    """Its own redis-server (Redis configurations only)."""
+    nodes: list[Server] = field(default_factory=list)
+    share: list[int] = field(default_factory=list)
+    rec: Recorder = field(default_factory=lambda: Recorder(sample=1))
+    """Its clients' receipts; skew: every message (many clients, few rounds per second)."""
+    clients: list[Client] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    redis_idle_pct: float = 0.0
+    """redis-server's CPU % with the nodes connected and following, nothing published."""
+
+    @property
+    def ports(self) -> list[int]:
+        return [n.port for n in self.nodes]
+
+    @property
+    def redis_pid(self) -> int | None:
+        return None if self.redis is None else self.redis.pid
+
+    def describe(self) -> str:
+        nodes = ", ".join(f"node {chr(65 + i)} core {c}" for i, c in enumerate(self.cores))
+        extra = " and its redis-server" if self.redis else ""
+        return f"{nodes}; the load{extra} core {LOAD_CORE}"
+
+    async def start(self, args: argparse.Namespace, pin: bool) -> None:
+        """Fresh nodes, then the clients, split evenly over them."""
+        for core in self.cores:
+            argv = ["--topics", str(TOPICS)]
+            argv += ["--cpu", str(core)] if pin else []
+            argv += ["--redis", self.redis.url] if self.redis else []
+            self.nodes.append(Server(argv, pin=False, script=NODE))
+        n = len(self.nodes)
+        self.share = [CLIENTS // n + (i < CLIENTS % n) for i in range(n)]
+        await asyncio.gather(*(node.start() for node in self.nodes))
+        names = [f"bench.{i}" for i in range(TOPICS)]
+        t = time.monotonic()
+        for port, k in zip(self.ports, self.share, strict=True):
+            url = f"ws://127.0.0.1:{port}/rubris/ws"
+            self.clients += await open_clients(url, k, names, self.rec, args.decode)
+        connect_s = time.monotonic() - t
+        await asyncio.sleep(0.3)
+        stats = await asyncio.gather(*(http(p, "GET", "/control/stats?gc=1") for p in self.ports))
+        connected = [s["connected"] for s in stats]
+        if connected != self.share:
+            raise RuntimeError(f"{self.name}: {connected} clients connected, not {self.share}")
+        print(
+            f"{self.name}: {CLIENTS:,} clients x {TOPICS} topics "
+            f"({' + '.join(f'{k:,}' for k in self.share)}) connected and subscribed in "
+            f"{connect_s:.1f} s; {self.describe()}",
+            flush=True,
+        )
+
+    async def stop(self) -> None:
+        try:
+            await close_clients(self.clients)
+        finally:
+            await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
+            for n in self.nodes:
+                n.kill()
+
+
+def configurations(split: bool) -> list[Config]:
+    return [
+        Config("local", [SERVER_CORE]),
+        Config("redis1", [SERVER_CORE]),
+        Config("redis2", [SERVER_CORE, LOAD_CORE if split else SERVER_CORE]),
+    ]
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds of every thread of ``pid`` (redis-server): schedstat's nanoseconds on CPU."""
+    total = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        with contextlib.suppress(OSError), open(path) as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
+
+
+class Control:
+    """One kept-alive HTTP/1.1 connection to a node's control endpoints: the closed loop asks
+    for rounds tens of times a second, and a connection each time would cost both sides more
+    than the request itself."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str) -> Any:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n".encode()
+        )
+        head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+        lines = head.split("\r\n")
+        if lines[0].split(" ", 2)[1] != "200":
+            raise RuntimeError(f"POST {path}: {lines[0]}")
+        length = next(
+            int(v) for k, _, v in (x.partition(":") for x in lines) if k.lower() == "content-length"
+        )
+        return orjson.loads(await self.reader.readexactly(length))
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+            self.reader = self.writer = None
+
+
+async def grant_rounds(ctl: Control, rec: Recorder, window: int, base: int) -> None:
+    """The ``max`` phase's closed loop: keep ``window`` rounds' deliveries on their way to the
+    clients (published, not yet counted by ``rec``), whichever node they go through."""
+    per_round = CLIENTS * TOPICS
+    limit = window * per_round
+    accepted = refused = 0
+    while True:
+        outstanding = accepted * CLIENTS - (rec.count - base)
+        if outstanding >= limit:
+            await asyncio.sleep(0.001)
+            continue
+        r = await ctl.post(f"/control/rounds?n={math.ceil((limit - outstanding) / per_round)}")
+        accepted = r["accepted"]
+        if r["refused"] > refused:  # the broker's outbox is full: let it drain
+            refused = r["refused"]
+            await asyncio.sleep(0.01)
+
+
+def node_figures(s0: dict[str, Any], s1: dict[str, Any]) -> dict[str, Any]:
+    """One node's figures over its own window (its two stats answers)."""
+    wall = (s1["now_ns"] - s0["now_ns"]) / 1e9
+    cpu = (s1["cpu_user"] + s1["cpu_sys"]) - (s0["cpu_user"] + s0["cpu_sys"])
+    framed = s1["cycle"]["messages"] - s0["cycle"]["messages"]
+    frames = s1["cycle"]["frames"] - s0["cycle"]["frames"]
+    return {
+        "cpu_s": cpu,
+        "framed": framed,
+        "wall_s": wall,
+        "cpu_pct": round(cpu / wall * 100, 1),
+        "sys_pct": round((s1["cpu_sys"] - s0["cpu_sys"]) / wall * 100, 1),
+        "framed_per_s": round(framed / wall),
+        # batching: a message heard from Redis alone in its cycle makes frames of one message
+        "messages_per_frame": round(framed / frames, 2) if frames else None,
+        "cycles": s1["cycle"]["cycles"] - s0["cycle"]["cycles"],
+        # what this node delivers per second of its own CPU: with a core to itself, its rate
+        "per_cpu_s": round(framed / cpu) if cpu > 0 else None,
+        "gc_ms": round((sum(s1["gc"]["seconds"]) - sum(s0["gc"]["seconds"])) * 1000, 1),
+        "rss_mb": round(s1["rss"] / 2**20, 1),
+    }
+
+
+async def run_phase(cfg: Config, phase: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One measured window of ``phase`` (``fixed`` or ``max``) on ``cfg``; its figures."""
+    rec, ports, redis_pid = cfg.rec, cfg.ports, cfg.redis_pid
+    per_round = CLIENTS * TOPICS
+    rec.reset()
+    n_start = rec.count
+    pub = ports[0]  # node A publishes
+    # the publisher runs until told to stop (the limit is a safety net), so a late control
+    # answer from a saturated node cannot end the publishing before the window does
+    limit = 10 * (args.warmup + args.measure) + 30
+    ctl: Control | None = None
+    granter: asyncio.Task[None] | None = None
+    if phase == "max":
+        await http(pub, "POST", f"/control/start?mode=credit&seconds={limit}")
+        ctl = Control(pub)
+        granter = asyncio.get_running_loop().create_task(
+            grant_rounds(ctl, rec, args.window, n_start)
+        )
+        rounds_per_s = 0.0
+        start_at = time.monotonic_ns() + int(args.warmup * 1e9)
+        end_at = start_at + int(args.measure * 1e9)
+    else:
+        rounds_per_s = args.rate / per_round
+        mode = "spread" if args.spread else "open"
+        info = await http(
+            pub, "POST", f"/control/start?mode={mode}&rate={rounds_per_s:.6f}&seconds={limit}"
+        )
+        # the window spans whole publishing intervals, from and to the same point of one (most
+        # of the way to the next publish, when the last one is framed and read): a window cut
+        # across rounds at random would count 12 or 13 of a 2.5 s window's 12.5, +-4 % on the
+        # CPU per delivery, which is the very figure this bench compares
+        tick = 1e9 / (rounds_per_s * (TOPICS if args.spread else 1))
+        ticks = max(1, round(args.measure * 1e9 / tick))
+        due = info["started_ns"] + ALIGN * tick
+        start_at = int(
+            due + math.ceil((time.monotonic_ns() + args.warmup * 1e9 - due) / tick) * tick
+        )
+        end_at = int(start_at + ticks * tick)
+    try:
+        await asyncio.sleep((start_at - time.monotonic_ns()) / 1e9)
+        r0 = proc_cpu_s(redis_pid) if redis_pid else 0.0
+        c0, k0, t0, n0 = load_cpu(), cpu_ticks(), time.monotonic_ns(), rec.count
+        rec.recording = True
+        s0 = await asyncio.gather(*(http(p, "GET", "/control/stats?mark=1") for p in ports))
+        await asyncio.sleep((end_at - time.monotonic_ns()) / 1e9)
+        rec.recording = False
+        t1, n1, c1, k1 = time.monotonic_ns(), rec.count, load_cpu(), cpu_ticks()
+        r1 = proc_cpu_s(redis_pid) if redis_pid else 0.0
+        s1 = await asyncio.gather(*(http(p, "GET", "/control/stats") for p in ports))
+    finally:
+        if granter is not None:
+            granter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await granter
+        if ctl is not None:
+            await ctl.close()
+        await http(pub, "POST", "/control/stop")
+    await drain(rec)
+    end = await http(pub, "GET", "/control/stats")
+
+    wall = (t1 - t0) / 1e9
+    delivered_rate = (n1 - n0) / wall
+    nodes = [node_figures(a, b) for a, b in zip(s0, s1, strict=True)]
+    server_cpu = sum(n["cpu_s"] for n in nodes)
+    framed = sum(n["framed"] for n in nodes)
+    server_cpu_pct = sum(n["cpu_pct"] for n in nodes)
+    # publishes (one message to one topic) made by node A over its window
+    p0, p1 = s0[0]["publisher"], s1[0]["publisher"]
+    publish_rate = (p1["accepted"] - p0["accepted"]) / nodes[0]["wall_s"]
+    redis_cpu_pct = (r1 - r0) / wall * 100
+    offered = rounds_per_s * per_round if phase != "max" else publish_rate * CLIENTS
+    ratio = delivered_rate / offered if offered else 0.0
+    complete = (rec.count - n_start) / max(1, end["publisher"]["accepted"] * CLIENTS)
+    lat = sorted(rec.lat)
+    window = [e for e in rec.skew.values() if t0 <= e[0] <= t1]
+    skews = sorted(e[1] - e[0] for e in window if e[2] > 1)
+    latency_p99_ms = ms(pct(lat, 0.99))
+    if phase == "max":
+        sustained = complete >= 0.99 and rec.gaps == 0
+    else:
+        sustained = (
+            ratio >= 0.9 and latency_p99_ms is not None and latency_p99_ms < 1000 and not rec.gaps
+        )
+    load_cpu_pct = (c1 - c0) / wall * 100
+    # what our own processes used of each core; the rest of its busy time was someone else's
+    # (the other configurations' nodes, idle meanwhile, count there: a fraction of a percent)
+    by_core = {SERVER_CORE: 0.0, LOAD_CORE: 0.0}  # the nodes' CPU % on each core
+    for core, n in zip(cfg.cores, nodes, strict=True):
+        by_core[core] += n["cpu_pct"]
+    ours = {
+        c: used + (load_cpu_pct + redis_cpu_pct if c == LOAD_CORE else 0.0)
+        for c, used in by_core.items()
+    }
+    machine = core_usage(k0, k1)
+    other = {f"cpu{c}": machine.get(f"cpu{c}_busy_pct", 0.0) - used for c, used in ours.items()}
+    servers_saturated = any(by_core[c] >= 90 for c in set(cfg.cores))
+    if servers_saturated and load_cpu_pct >= 90:
+        bottleneck = "server and load"
+    elif servers_saturated:
+        bottleneck = "server"
+    elif load_cpu_pct >= 90:
+        bottleneck = "load"
+    elif ours[LOAD_CORE] >= 90:
+        bottleneck = "load core (load + Redis + node)"
+    else:
+        bottleneck = "none" if phase != "max" else "other (nothing saturated)"
+    b0, b1 = p0["broker"], p1["broker"]
+    delivered_per_cpu = delivered_rate / (server_cpu_pct / 100) if server_cpu_pct > 0 else None
+    per_cpu_values = [n["per_cpu_s"] for n in nodes]
+    on_redis = cfg.redis is not None
+    return {
+        "config": cfg.name,
+        "phase": phase,
+        "mode": "closed-loop" if phase == "max" else "open-loop",
+        "target_delivered_per_s": None if phase == "max" else round(offered),
+        "delivered_per_s": round(delivered_rate),
+        "delivered_ratio": round(ratio, 4),
+        "complete_ratio": round(complete, 4),
+        "sustained": sustained,
+        "latency_p50_ms": ms(pct(lat, 0.50)),
+        "latency_p99_ms": latency_p99_ms,
+        "latency_max_ms": ms(pct(lat, 1.0)),
+        "skew_p50_ms": ms(pct(skews, 0.50)),
+        "skew_p99_ms": ms(pct(skews, 0.99)),
+        "skew_samples": len(skews),
+        "server_cpu_pct": round(server_cpu_pct, 1),
+        "server_cpu_s_per_million": round(server_cpu / framed * 1e6, 3) if framed else None,
+        "delivered_per_server_cpu_s": None
+        if delivered_per_cpu is None
+        else round(delivered_per_cpu),
+        # each node's deliveries per CPU-second of its own process, added up: what the nodes
+        # would serve with a core each
+        "projected_per_cpu_s": None if None in per_cpu_values else sum(per_cpu_values),
+        "nodes": [{"core": c, **n} for c, n in zip(cfg.cores, nodes, strict=True)],
+        "publishes_per_s": round(publish_rate, 1),
+        "redis_cpu_pct": round(redis_cpu_pct, 2),
+        "redis_cpu_us_per_publish": round((r1 - r0) / wall / publish_rate * 1e6, 2)
+        if on_redis and publish_rate
+        else None,
+        "redis_cpu_s_per_million": round((r1 - r0) / wall / delivered_rate * 1e6, 4)
+        if on_redis and delivered_rate
+        else None,
+        "redis_idle_cpu_pct": round(cfg.redis_idle_pct, 2) if on_redis else None,
+        # Redis's CPU beyond what it uses idle (its cron, the nodes' health checks), per publish
+        "redis_cpu_us_per_publish_net": round(
+            max(0.0, redis_cpu_pct - cfg.redis_idle_pct) / 100 / publish_rate * 1e6, 2
+        )
+        if on_redis and publish_rate
+        else None,
+        "broker": {
+            "refused": p1["refused"] - p0["refused"],
+            "refused_run": end["publisher"]["refused"],
+            "outages": b1["outages"] - b0["outages"],
+            "pending_end": b1["pending"],
+            "received_node_a": b1["received"] - b0["received"],
+        },
+        "publisher_max_late_ms": round(p1["max_late_ms"], 3),
+        "load_cpu_pct": round(load_cpu_pct, 1),
+        "bottleneck": bottleneck,
+        "gaps": rec.gaps,
+        "lost_to_gaps": rec.lost,
+        "other_cpu_pct": {k: round(v, 1) for k, v in other.items()},
+        "machine": machine,
+        "window_s": round(wall, 3),
+    }
+
+
+def describe(r: dict[str, Any]) -> str:
+    rate = (
+        "max (closed loop)"
+        if r["phase"] == "max"
+        else f"open loop @ {r['target_delivered_per_s']:,}/s"
+    )
+    nodes = " + ".join(f"{n['cpu_pct']:.0f}%" for n in r["nodes"])
+    line = (
+        f"{r['config']:<7} {rate:<25} delivered {r['delivered_per_s']:>7,}/s "
+        f"({'sustained' if r['sustained'] else 'NOT SUSTAINED'}) "
+        f"| latency p50 {fmt(r['latency_p50_ms'])} p99 {fmt(r['latency_p99_ms'])} ms "
+        f"| skew p50 {fmt(r['skew_p50_ms'])} p99 {fmt(r['skew_p99_ms'])} ms "
+        f"| server {fmt(r['server_cpu_s_per_million'], '.3f')} CPU-s/M, {nodes} CPU "
+        f"| redis {r['redis_cpu_pct']:.1f}% CPU | load {r['load_cpu_pct']:.0f}% CPU"
+    )
+    if r["broker"]["refused"] or r["gaps"]:
+        line += f" | refused {r['broker']['refused']}, GAPs {r['gaps']}"
+    if noisy(r):
+        line += " | NOISY: other work on " + ", ".join(
+            f"{k} {v:.0f}%" for k, v in r["other_cpu_pct"].items() if v > NOISY_PCT
+        )
+    return line
+
+
+class Budget:
+    """The run's time limit: a NOISY window is measured again only while the windows left,
+    at the pace so far, still fit."""
+
+    def __init__(self, seconds: float, windows: int) -> None:
+        self.first = time.monotonic()
+        self.deadline = self.first + seconds
+        self.left = windows
+        self.measured = 0
+
+    def window_done(self) -> None:
+        self.left -= 1
+        self.measured += 1
+
+    def may_retry(self) -> bool:
+        pace = (time.monotonic() - self.first) / max(1, self.measured)
+        return time.monotonic() + pace * (self.left + 1) <= self.deadline
+
+
+async def measure(
+    cfg: Config, phase: str, args: argparse.Namespace, budget: Budget
+) -> dict[str, Any]:
+    """One window of ``phase``, measured again (up to ``--noisy-retries`` times, within the
+    budget) while other processes used our cores; of the attempts, the least disturbed."""
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(1, args.noisy_retries + 2):
+        await wait_quiet(args.quiet_wait)
+        r = await run_phase(cfg, phase, args)
+        r["attempt"] = attempt
+        attempts.append(r)
+        print(describe(r), flush=True)
+        if not noisy(r):
+            break
+        if attempt > args.noisy_retries or not budget.may_retry():
+            break
+        print("        (other processes used our cores: measuring again)", flush=True)
+    budget.window_done()
+    return min(attempts, key=lambda a: max(a["other_cpu_pct"].values()))
+
+
+async def redis_idle(configs: list[Config]) -> None:
+    """Each redis-server's CPU over a second with its nodes connected, following, idle."""
+    pids = {c.name: c.redis_pid for c in configs if c.redis_pid}
+    r0, t0 = {n: proc_cpu_s(p) for n, p in pids.items()}, time.monotonic()
+    await asyncio.sleep(1.0)
+    wall = time.monotonic() - t0
+    for c in configs:
+        if c.name in pids:
+            c.redis_idle_pct = (proc_cpu_s(pids[c.name]) - r0[c.name]) / wall * 100
+
+
+async def run(configs: list[Config], args: argparse.Namespace, pin: bool) -> None:
+    """Every configuration up at once, then each phase: ``--repeat`` windows of each
+    configuration in turn (the order turned by one each time), so that each configuration's
+    windows and the ones they are compared with are seconds apart on a machine whose speed
+    drifts."""
+    ping_task: asyncio.Task[None] | None = None
+    try:
+        for cfg in configs:
+            await cfg.start(args, pin)
+        await redis_idle(configs)
+        LOAD_GC.collect()
+        gc.freeze()  # the clients are long-lived: keep them out of the load's gc passes
+        everyone = [c for cfg in configs for c in cfg.clients]
+        ping_task = asyncio.get_running_loop().create_task(pinger(everyone))
+        # one unmeasured window of the fixed rate on each configuration first: the first window
+        # a fresh node serves costs it more (its buffers and pools grow), and would count
+        # against whichever configuration happened to be measured first
+        print("warming every configuration up (not measured)", flush=True)
+        for cfg in configs:
+            await run_phase(cfg, "fixed", argparse.Namespace(**{**vars(args), "measure": 1.0}))
+        phases = args.phases.split(",")
+        budget = Budget(args.budget, len(phases) * args.repeat * len(configs))
+        for phase in phases:
+            for rep in range(args.repeat):
+                k = rep % len(configs)
+                for cfg in configs[k:] + configs[:k]:
+                    r = await measure(cfg, phase, args, budget)
+                    r["rep"] = rep + 1
+                    cfg.results.append(r)
+    finally:
+        if ping_task is not None:
+            ping_task.cancel()
+        gc.unfreeze()
+        await asyncio.gather(*(cfg.stop() for cfg in configs), return_exceptions=True)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def windows(configs: list[Config], name: str, phase: str) -> list[dict[str, Any]]:
+    """The windows of one configuration and phase, in the order measured."""
+    return [r for c in configs if c.name == name for r in c.results if r["phase"] == phase]
+
+
+def typical(rs: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    """The window whose ``key`` is the median (the lower of the two middle ones), of the quiet
+    windows if there are any."""
+    quiet = [r for r in rs if not noisy(r)] or rs
+    valued = sorted((r for r in quiet if r[key] is not None), key=lambda r: r[key])
+    return valued[(len(valued) - 1) // 2] if valued else None
+
+
+def paired(
+    configs: list[Config], a: str, b: str, phase: str, key: str, extra: str = ""
+) -> list[float]:
+    """``key`` (plus ``extra``) of configuration ``a`` over ``b``, repetition by repetition:
+    the two windows were measured seconds apart, so whatever slowed the machine then slowed
+    both (NOISY pairs are kept: on a busy day the quiet ones are too few for a median)."""
+    return [
+        (x[key] + ((x[extra] or 0.0) if extra else 0.0)) / y[key]
+        for x, y in zip(windows(configs, a, phase), windows(configs, b, phase), strict=False)
+        if x[key] is not None and y[key]
+    ]
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def headline(configs: list[Config], args: argparse.Namespace) -> dict[str, Any]:
+    """The issue's figures and targets: medians over the repetitions of paired ratios."""
+    cost = "server_cpu_s_per_million"
+
+    def pct_over(values: list[float]) -> list[float]:
+        return [round((v - 1) * 100, 1) for v in values]
+
+    overhead = pct_over(paired(configs, "redis1", "local", "fixed", cost))
+    with_redis = pct_over(
+        paired(configs, "redis1", "local", "fixed", cost, "redis_cpu_s_per_million")
+    )
+    at_max = pct_over(paired(configs, "redis1", "local", "max", cost))
+    two = paired(configs, "redis2", "local", "max", "projected_per_cpu_s")
+    two_at_rate = paired(configs, "redis2", "local", "fixed", "projected_per_cpu_s")
+    raw = paired(configs, "redis2", "local", "max", "delivered_per_s")
+    local_fixed = typical(windows(configs, "local", "fixed"), cost)
+    redis1_fixed = typical(windows(configs, "redis1", "fixed"), cost)
+    redis1_max = typical(windows(configs, "redis1", "max"), cost)
+
+    def get(r: dict[str, Any] | None, key: str) -> Any:
+        return None if r is None else r[key]
+
+    def rounded(x: float | None, digits: int) -> float | None:
+        return None if x is None else round(x, digits)
+
+    p99 = get(local_fixed, "latency_p99_ms")
+    m_overhead = median(overhead)
+    m_two = median(two)
+    return {
+        "rate_delivered_per_s": args.rate,
+        "local_p99_ms_at_rate": p99,
+        "rate_meets_p99_target": p99 is not None and p99 < LATENCY_TARGET_MS,
+        "redis_cpu_overhead_pct": rounded(m_overhead, 1),
+        "redis_cpu_overhead_pct_windows": overhead,
+        "redis_cpu_overhead_pct_with_redis": rounded(median(with_redis), 1),
+        "redis_cpu_overhead_pct_at_max": rounded(median(at_max), 1),
+        # the difference per delivery, times the deliveries a publish makes: the node's CPU
+        # the broker costs per publish (a small difference of two measured figures: noisy)
+        "node_cpu_us_per_publish_added": None
+        if m_overhead is None or local_fixed is None
+        else round(m_overhead / 100 * local_fixed[cost] * CLIENTS),
+        "redis_cpu_us_per_publish_at_rate": get(redis1_fixed, "redis_cpu_us_per_publish"),
+        "redis_cpu_us_per_publish_net_at_rate": get(redis1_fixed, "redis_cpu_us_per_publish_net"),
+        "redis_cpu_s_per_million_at_rate": get(redis1_fixed, "redis_cpu_s_per_million"),
+        "redis_cpu_us_per_publish_at_max": get(redis1_max, "redis_cpu_us_per_publish"),
+        "two_workers_vs_one": rounded(m_two, 2),
+        "two_workers_vs_one_windows": [round(x, 2) for x in two],
+        "two_workers_vs_one_at_rate": rounded(median(two_at_rate), 2),
+        "two_workers_vs_one_measured": rounded(median(raw), 2),
+        "overhead_met": m_overhead is not None and m_overhead <= OVERHEAD_TARGET_PCT,
+        "scale_met": m_two is not None and m_two >= SCALE_TARGET,
+    }
+
+
+def table(configs: list[Config], head: dict[str, Any], args: argparse.Namespace) -> str:
+    cols = (
+        f"{'config':<7} {'phase':<13} {'delivered/s':>11} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'skew50':>7} {'skew99':>7} {'srv CPU':>8} {'CPU-s/M':>8} {'per CPU-s':>10} "
+        f"{'node per CPU-s':>17} {'redis':>6} {'us/pub':>7} {'load':>5}  ok   note"
+    )
+    lines = ["", "cores (2, shared between the servers and the load):"]
+    lines += [f"  {c.name:<7} {c.describe()}" for c in configs]
+    if args.split:
+        lines.append(
+            "  redis2's node B shares core 1 with the load and Redis: its measured maximum is "
+            "bounded by what the load leaves it"
+        )
+    else:
+        lines.append(
+            "  redis2's two nodes time-share core 0, the one core the single node had: its "
+            "measured maximum is one core's; the per-CPU-second figures are what each node "
+            "would serve with a core of its own"
+        )
+    lines += [
+        f"one row per configuration and phase: the median of {args.repeat} windows (by CPU per "
+        "delivery; max: by the nodes' deliveries per CPU-second), the configurations' windows "
+        "interleaved",
+        "per CPU-s = delivered/s / the nodes' CPU fraction; node per CPU-s = each node's "
+        "deliveries / its own CPU-seconds; redis = redis-server CPU %, us/pub its CPU per publish",
+        "",
+        cols,
+        "-" * len(cols),
+    ]
+    for phase, key in (("fixed", "server_cpu_s_per_million"), ("max", "projected_per_cpu_s")):
+        for c in configs:
+            r = typical(windows(configs, c.name, phase), key)
+            if r is None:
+                continue
+            shown = "max" if phase == "max" else f"@{r['target_delivered_per_s']:,}/s"
+            notes = []
+            if noisy(r):
+                notes.append("NOISY")
+            if r["bottleneck"] not in ("none", "server"):
+                notes.append(f"bottleneck: {r['bottleneck']}")
+            if r["broker"]["refused"]:
+                notes.append(f"{r['broker']['refused']} refused")
+            per_node = "+".join(f"{n['per_cpu_s'] or 0:,}" for n in r["nodes"])
+            lines.append(
+                f"{r['config']:<7} {shown:<13} {r['delivered_per_s']:>11,} "
+                f"{fmt(r['latency_p50_ms']):>7} {fmt(r['latency_p99_ms']):>7} "
+                f"{fmt(r['skew_p50_ms']):>7} {fmt(r['skew_p99_ms']):>7} "
+                f"{r['server_cpu_pct']:>7.0f}% {fmt(r['server_cpu_s_per_million'], '.3f'):>8} "
+                f"{fmt(r['delivered_per_server_cpu_s'], ',.0f'):>10} {per_node:>17} "
+                f"{r['redis_cpu_pct']:>5.1f}% {fmt(r['redis_cpu_us_per_publish'], '.1f'):>7} "
+                f"{r['load_cpu_pct']:>4.0f}%  {'yes' if r['sustained'] else 'NO ':<4} "
+                f"{', '.join(notes)}".rstrip()
+            )
+    return "\n".join([*lines, "", *verdict(head, args)])
+
+
+def verdict(h: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """The headline figures in words, each against its target."""
+    out = []
+    if h["local_p99_ms_at_rate"] is not None:
+        met = h["rate_meets_p99_target"]
+        out.append(
+            f"fixed rate {h['rate_delivered_per_s']:,} deliveries/s: local p99 "
+            f"{fmt(h['local_p99_ms_at_rate'])} ms ({'<' if met else 'NOT <'} "
+            f"{LATENCY_TARGET_MS:.0f} ms)"
+            + (
+                ""
+                if met or args.spread
+                else f": a round is {CLIENTS:,} frames, which take one node ~40-50 ms to write "
+                "(skew p50) at any rate, so no rate of whole rounds gets under it here"
+            )
+        )
+    if h["redis_cpu_overhead_pct"] is None:
+        out.append("Redis's CPU overhead: not measured (needs local and redis1, fixed phase)")
+    else:
+        windows_pct = ", ".join(f"{x:+.1f}" for x in h["redis_cpu_overhead_pct_windows"])
+        out += [
+            "Redis's CPU overhead per delivery, one node, at that rate: "
+            f"{h['redis_cpu_overhead_pct']:+.1f} % of the node's CPU, median of "
+            f"[{windows_pct}] (target <= {OVERHEAD_TARGET_PCT:.0f} %: "
+            f"{'met' if h['overhead_met'] else 'NOT met'}); "
+            f"{fmt(h['redis_cpu_overhead_pct_with_redis'], '+.1f')} % counting redis-server's "
+            f"CPU too; {fmt(h['redis_cpu_overhead_pct_at_max'], '+.1f')} % at max",
+            (
+                f"  = {h['node_cpu_us_per_publish_added']:+.0f} us of the node's CPU per publish "
+                f"({CLIENTS:,} deliveries)"
+                if (h["node_cpu_us_per_publish_added"] or 0) > 0
+                else "  = no measurable cost: within the machine's noise (one configuration's "
+                "windows differ by up to ~15 %)"
+            )
+            + f"; the broker costs per publish, so its share is small when, as here, every "
+            f"publish reaches {CLIENTS:,} subscribers",
+            "redis-server, one node following, at the fixed rate: "
+            f"{fmt(h['redis_cpu_us_per_publish_at_rate'], '.1f')} us CPU per publish "
+            f"({fmt(h['redis_cpu_us_per_publish_net_at_rate'], '.1f')} beyond its idle CPU), "
+            f"{fmt(h['redis_cpu_s_per_million_at_rate'], '.4f')} CPU-s per million deliveries; "
+            f"{fmt(h['redis_cpu_us_per_publish_at_max'], '.1f')} us per publish at max "
+            "(bigger batches)",
+        ]
+    if h["two_workers_vs_one"] is None:
+        out.append("two workers vs one: not measured (needs local and redis2, max phase)")
+    else:
+        where = (
+            "node B shared core 1 with the load and Redis"
+            if args.split
+            else "both nodes time-shared core 0, the single node's core"
+        )
+        out += [
+            f"two workers vs one: {h['two_workers_vs_one']:.2f}x, median of "
+            f"{h['two_workers_vs_one_windows']} (each node's deliveries per CPU-second of its "
+            "own process, added, over the single node's; max phases; target >= "
+            f"{SCALE_TARGET}x: {'met' if h['scale_met'] else 'NOT met'}); "
+            f"{fmt(h['two_workers_vs_one_at_rate'], '.2f')}x at the fixed rate",
+            "  measured max delivered/s, redis2 / local: "
+            f"{fmt(h['two_workers_vs_one_measured'], '.2f')}x: {where}, and the load's one core "
+            "bounds both maxima: not what two cores would serve",
+        ]
+    return out
+
+
+async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
+    started = time.monotonic()
+    configs = [c for c in configurations(args.split) if c.name in args.configs.split(",")]
+    with contextlib.ExitStack() as stack:
+        # a redis-server per Redis configuration: every configuration's nodes are up at once,
+        # and Redis's pub/sub channels are server-wide, so a shared one would hand redis1's
+        # publishes to redis2's nodes too
+        for c in configs:
+            if c.name != "local":
+                c.redis = stack.enter_context(RedisServer())
+                if pin and c.redis.pid is not None:
+                    os.sched_setaffinity(c.redis.pid, {LOAD_CORE})
+        await run(configs, args, pin)
+    head = headline(configs, args)
+    print(table(configs, head, args), flush=True)
+    return {
+        "bench": "scaleout",
+        "cores": os.cpu_count(),
+        "pinned": {c.name: c.cores for c in configs} if pin else None,
+        "load_core": LOAD_CORE,
+        "redis_core": LOAD_CORE,
+        "python": sys.version.split()[0],
+        "clients": CLIENTS,
+        "topics": TOPICS,
+        "publish": "spread" if args.spread else "rounds",
+        "window_rounds": args.window,
+        "repeat": args.repeat,
+        "warmup_s": args.warmup,
+        "measure_s": args.measure,
+        "duration_s": round(time.monotonic() - started, 1),
+        "noisy_phases": sum(1 for c in configs for r in c.results if noisy(r)),
+        "headline": head,
+        "results": [r for c in configs for r in c.results],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="shorter windows (about a minute)")
+    ap.add_argument("--warmup", type=float, default=None, help="seconds before each window")
+    ap.add_argument("--measure", type=float, default=None, help="seconds measured per window")
+    ap.add_argument("--repeat", type=int, default=None, help="windows per configuration and phase")
+    ap.add_argument(
+        "--rate", type=int, default=RATE, help="the fixed phase's deliveries/s (all configs)"
+    )
+    ap.add_argument(
+        "--spread",
+        action="store_true",
+        help="fixed phase: one message at a time, evenly, instead of each round at once",
+    )
+    ap.add_argument("--window", type=int, default=8, help="max phase: rounds on their way at most")
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="redis2: node B on core 1 with the load and Redis (default: both nodes on core 0)",
+    )
+    ap.add_argument(
+        "--configs",
+        default="local,redis1,redis2",
+        help="which configurations, comma-separated (the headline needs all three)",
+    )
+    ap.add_argument(
+        "--phases", default="fixed,max", help="fixed and/or max (the headline needs both)"
+    )
+    ap.add_argument("--decode", choices=["fast", "full"], default="fast", help="as fanout.py")
+    ap.add_argument(
+        "--noisy-retries",
+        type=int,
+        default=1,
+        help="measure a window again (up to N times) when other processes used our cores",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds the windows may take in all: noisy windows are measured again only "
+        "within it (default 240, --quick 60)",
+    )
+    ap.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=None,
+        help="before each window, wait up to this many seconds for both cores to be idle",
+    )
+    args = ap.parse_args()
+    quick_or_full(
+        args,
+        {
+            "warmup": (0.5, 1.0),
+            "measure": (2.5, 5.0),
+            "quiet_wait": (2.0, 3.0),
+            "repeat": (2, 3),
+            "budget": (60.0, 240.0),
+        },
+    )
+    pin = prepare_load(
+        f"scaleout: cores={os.cpu_count()} python={sys.version.split()[0]} "
+        f"{CLIENTS:,} clients x {TOPICS} topics, fixed rate {args.rate:,}/s "
+        f"({'spread' if args.spread else 'rounds at once'}), {args.repeat} windows each, "
+        f"warm-up {args.warmup} s, measured {args.measure} s"
+    )
+    try:
+        summary = uvloop.run(amain(args, pin))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    print(json.dumps(summary, separators=(",", ":"), allow_nan=False), flush=True)
+    h = summary["headline"]
+    overhead, two = h["redis_cpu_overhead_pct"], h["two_workers_vs_one"]
+    print(
+        f"redis_cpu_overhead_pct={'nan' if overhead is None else f'{overhead:.1f}'} "
+        f"two_workers_vs_one={'nan' if two is None else f'{two:.2f}'}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

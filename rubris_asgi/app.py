@@ -84,7 +84,8 @@ class Rubris:
         batches: batch tracking (``Rubris.batches``, ``{mount}/api/batches``, ``batch.{id}``):
             a ``BatchStore`` (``SQLiteBatchStore``, ``RedisBatchStore``, ...), a SQLite file's
             path, a ready ``Batches``, True (the default: ``rubris-batches.sqlite3`` in the
-            working directory, created when the first batch is opened) or False (off).
+            working directory, created when the first batch is opened; with a Redis broker,
+            that Redis) or False (off).
         authorize_batch: ``f(session, batch) -> bool`` (may be async), asked when a session
             subscribes to ``batch.{id}``; without it, knowing the (random) id is enough.
         ops: serve the live operations page at ``{mount}/ops`` and its JSON at
@@ -158,6 +159,8 @@ class Rubris:
             self.engine, self.registry, config, token=api_token, authorize=authorize_api
         )
         self.api.broker = self.broker
+        if batches is True and self.broker.distributed:  # every worker sees every batch
+            batches = self.broker.batch_store()
         self._batches = Batches.from_spec(batches, config)
         batch_routes = []
         if self._batches is not None:

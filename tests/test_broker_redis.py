@@ -442,3 +442,16 @@ async def test_while_redis_is_away_new_subscriptions_and_the_api_are_refused_cle
                 await until(lambda: fresh == [(1, "hello")], "a new topic after the restart")
                 want = [(i + 1, i) for i in range(accepted)]
                 await until(lambda: got == want, "what was accepted before the refusals")
+
+
+async def test_with_redis_the_default_batch_store_is_shared(url: str) -> None:
+    """``Rubris(batches=True)`` (the default) with a Redis broker keeps batches in that Redis,
+    not in a SQLite file of each worker: a batch opened on one node is known on the other."""
+    a, b = (make_rubris(broker=RedisBroker(url)) for _ in range(2))
+    async with run_server(starlette_app(a)), run_server(starlette_app(b)):
+        assert isinstance(a.batches.store, RedisBatchStore)
+        batch = await a.batches.open()
+        group = await a.batches.add(batch, 2)
+        await b.batches.ack(group.ids())
+        st = await a.batches.status(batch)
+        assert (st.done, st.state.value) == (2, "open")

@@ -76,6 +76,11 @@ class Broker:
         self.node = ""
         """This node's id among the others ("" alone); what its session ids start with."""
 
+    def batch_store(self) -> Any:
+        """The ``BatchStore`` the nodes sharing this broker share (``Rubris(batches=True)``
+        with a distributed broker); alone, None: the embedded SQLite default."""
+        return None
+
     def home_of(self, session_id: str) -> str:
         """The other node that holds the session ``session_id`` ("" for this node, or alone)."""
         if not self.distributed:

@@ -220,6 +220,12 @@ class RedisBroker(Broker):
             await self._redis.aclose()
             self._redis = None
 
+    def batch_store(self) -> Any:
+        """Batches in the same Redis, under the same prefix: every node sees every batch."""
+        from ..batches.redis_store import RedisBatchStore
+
+        return RedisBatchStore(self.url, prefix=self.prefix)
+
     # publishing
 
     def accepting(self, messages: int, nbytes: int) -> bool:

@@ -39,44 +39,23 @@ from .queues import QueueItem, QueueSettings, QueueSub, QueueTopic
 from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
 from .telemetry import Telemetry
-from .topics import RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
+from .topics import (
+    RELAY_FIRST,
+    RELAY_IF_FOLLOWED,
+    RELAY_PUBLISH,
+    RELAY_TAKEN,
+    RING,
+    SNAPSHOT,
+    PrivateSub,
+    SharedTopic,
+    Sub,
+    encode_payload,
+    new_epoch,
+)
 
 JSON = int(Codec.JSON)
 ITEM_HEADER = 48
 """An ITEM's bytes besides its payload, at most: kind, length, topic, tag, attempt."""
-
-
-RELAY_PUBLISH = 0
-"""A publish a broker may refuse (``BrokerUnavailable``)."""
-RELAY_FIRST = 1
-"""A first value: numbered only if the topic has no message yet; may be refused."""
-RELAY_TAKEN = 2
-"""A message the intake took earlier: promised, so never refused."""
-RELAY_IF_FOLLOWED = 3
-"""Numbered only if some node follows (or followed) the topic: a change nobody may watch
-(``batch.{id}``) costs the broker no key; may be refused."""
-
-
-def new_epoch() -> int:
-    """A fresh epoch: random, so numbering from a restarted server is never mistaken."""
-    return secrets.randbits(48) or 1
-
-
-def encode_payload(value: Any, codec: int) -> bytes:
-    """The payload bytes of ``value`` for a topic's codec.
-
-    ``bytes`` pass as they are (raw data, or JSON the application encoded itself); ``str`` on a
-    text topic is UTF-8; anything else is JSON through orjson.
-    """
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    if codec == Codec.TEXT and isinstance(value, str):
-        return value.encode()
-    if codec == Codec.BYTES:
-        raise TypeError(f"a bytes topic takes bytes, got {type(value).__name__}")
-    return orjson.dumps(value)
 
 
 class Engine:
@@ -701,12 +680,4 @@ class Engine:
             )
 
 
-__all__ = [
-    "RELAY_FIRST",
-    "RELAY_IF_FOLLOWED",
-    "RELAY_PUBLISH",
-    "RELAY_TAKEN",
-    "Engine",
-    "encode_payload",
-    "new_epoch",
-]
+__all__ = ["Engine"]

@@ -18,10 +18,11 @@ from typing import Any
 from .brokers import Broker
 from .brokers.base import Head, NodeGone
 from .channels import Registry
-from .engine import Engine, encode_payload
+from .engine import Engine
 from .errors import ErrorCode, ProtocolError, QueueFull, RubrisError, SessionClosed
 from .protocol import Mode
 from .session import Session
+from .topics import encode_payload
 
 SEND = "send"
 SEND_TIMEOUT = 30.0

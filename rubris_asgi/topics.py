@@ -15,14 +15,51 @@ state and the operations outside the hot loop.
 
 from __future__ import annotations
 
+import secrets
 from collections import deque
 from collections.abc import Callable
+from typing import Any
+
+import orjson
 
 from .protocol import Codec, Mode, push_message
 
 SNAPSHOT = int(Mode.SNAPSHOT)
 RING = int(Mode.RING)
 PRIVATE = int(Mode.PRIVATE)
+
+
+RELAY_PUBLISH = 0
+"""A publish a broker may refuse (``BrokerUnavailable``)."""
+RELAY_FIRST = 1
+"""A first value: numbered only if the topic has no message yet; may be refused."""
+RELAY_TAKEN = 2
+"""A message the intake took earlier: promised, so never refused."""
+RELAY_IF_FOLLOWED = 3
+"""Numbered only if some node follows (or followed) the topic: a change nobody may watch
+(``batch.{id}``) costs the broker no key; may be refused."""
+
+
+def new_epoch() -> int:
+    """A fresh epoch: random, so numbering from a restarted server is never mistaken."""
+    return secrets.randbits(48) or 1
+
+
+def encode_payload(value: Any, codec: int) -> bytes:
+    """The payload bytes of ``value`` for a topic's codec.
+
+    ``bytes`` pass as they are (raw data, or JSON the application encoded itself); ``str`` on a
+    text topic is UTF-8; anything else is JSON through orjson.
+    """
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if codec == Codec.TEXT and isinstance(value, str):
+        return value.encode()
+    if codec == Codec.BYTES:
+        raise TypeError(f"a bytes topic takes bytes, got {type(value).__name__}")
+    return orjson.dumps(value)
 
 
 class SharedTopic:

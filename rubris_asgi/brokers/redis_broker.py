@@ -48,9 +48,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..engine import RELAY_FIRST, RELAY_IF_FOLLOWED, RELAY_TAKEN, Engine
+from ..engine import Engine
 from ..errors import BrokerUnavailable
-from ..topics import RING, SharedTopic
+from ..topics import RELAY_FIRST, RELAY_IF_FOLLOWED, RELAY_TAKEN, RING, SharedTopic, new_epoch
 from . import redis_scripts
 from .base import SESSION_MARK, Broker, BrokerStats, Head
 from .redis_nodes import NodeLink
@@ -290,7 +290,7 @@ class RedisBroker(Broker):
 
     async def _send(self, batch: Sequence[_Entry], batch_id: str) -> list[int]:
         """One script call numbering ``batch``, retried under the same id until Redis answers."""
-        args: list[Any] = [self.prefix, self.ttl_ms, str(_epoch()), batch_id]
+        args: list[Any] = [self.prefix, self.ttl_ms, str(new_epoch()), batch_id]
         for e in batch:
             t = e.topic
             args += [t.name, int(t.mode), t.cap, e.cond, int(e.compressed), e.payload]
@@ -364,7 +364,7 @@ class RedisBroker(Broker):
         """Read what each topic missed from Redis's history, then what arrived meanwhile, and
         make it live. Raises what Redis raises (the caller decides)."""
         while follows:
-            args: list[Any] = [self.prefix, self.ttl_ms, str(_epoch())]
+            args: list[Any] = [self.prefix, self.ttl_ms, str(new_epoch())]
             for f in follows:
                 t = f.topic
                 f.state = _JOINING
@@ -588,8 +588,3 @@ class RedisBroker(Broker):
         c.pending = len(self._outbox)
         c.following = len(self._following)
         return c
-
-
-def _epoch() -> int:
-    """An epoch for a topic Redis does not know yet (as ``engine.new_epoch``)."""
-    return secrets.randbits(48) or 1

@@ -126,15 +126,5 @@ class Broker:
 
 
 class LocalBroker(Broker):
-    """One node: the engine numbers its own topics. Nothing to connect, nothing to follow."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._engine: Engine | None = None
-
-    async def start(self, engine: Engine) -> None:
-        self._engine = engine
-
-    async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
-        assert self._engine is not None, "start() first"
-        return topic.publish(payload, compressed, self._engine.clock())
+    """One node: the engine numbers its own topics. Nothing to connect, nothing to follow,
+    and ``Rubris.publish_async`` publishes at once without asking it."""

@@ -400,8 +400,7 @@ class RedisBroker(Broker):
             if seq != t.seq + 1 and t.mode == RING:
                 held.appendleft((epoch, seq, payload, compressed))
                 return False
-            engine.apply(t, seq, payload, compressed)
-            self.counters.received += 1
+            self._store(t, seq, payload, compressed)
         f.state = _LIVE
         return True
 
@@ -428,22 +427,22 @@ class RedisBroker(Broker):
             if seq <= t.seq:
                 return  # read from the history already
             if seq == t.seq + 1 or t.mode != RING:
-                engine = self._engine
-                assert engine is not None
-                engine.apply(t, seq, payload, compressed)
-                self.counters.received += 1
+                self._store(t, seq, payload, compressed)
                 return
         elif seq == 1:  # numbered afresh, and this is its first message: nothing missed
             self._restart(t, epoch)
-            engine = self._engine
-            assert engine is not None
-            engine.apply(t, seq, payload, compressed)
-            self.counters.received += 1
+            self._store(t, seq, payload, compressed)
             return
         # a hole: read it from the history, holding what arrives meanwhile
         f.held.append((epoch, seq, payload, compressed))
         f.state = _JOINING
         self._background(self._repair(f))
+
+    def _store(self, t: SharedTopic, seq: int, payload: bytes, compressed: bool) -> None:
+        engine = self._engine
+        assert engine is not None
+        engine.apply(t, seq, payload, compressed)
+        self.counters.received += 1
 
     def _background(self, coro: Any) -> None:
         """Run ``coro`` in a task kept until it ends (the loop keeps only weak references)."""

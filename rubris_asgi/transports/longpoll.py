@@ -57,7 +57,7 @@ class LongPollTransport:
     def _error(self, exc: ProtocolError) -> Response:
         """The HTTP answer to bad input, counted by its protocol code."""
         self.gateway.engine.telemetry.error("http", exc.code)
-        return _error_response(exc)
+        return Answer.refusal(exc).response()
 
     async def open_session(self, request: Request) -> Response:
         """POST {mount}/lp: HELLO, answered with WELCOME."""
@@ -193,21 +193,21 @@ class LongPollTransport:
             else:
                 answer = await self._open(s, True, msgs)
         except ProtocolError as exc:
-            answer = Answer(_STATUS.get(exc.code, 400), f"{exc} (code {int(exc.code)})".encode())
+            answer = Answer.refusal(exc)
         return answer.head(), answer.body
 
     async def _forwarded_post(self, head: Head, body: bytes) -> tuple[Head, bytes]:
         try:
             answer = await self._post(self._tagged(head), body)
         except ProtocolError as exc:
-            answer = Answer(_STATUS.get(exc.code, 400), f"{exc} (code {int(exc.code)})".encode())
+            answer = Answer.refusal(exc)
         return answer.head(), answer.body
 
     async def _forwarded_poll(self, head: Head, body: bytes) -> tuple[Head, bytes]:
         try:
             answer = await self._poll(self._tagged(head), int(head.get("ack", 0)))
         except ProtocolError as exc:
-            answer = Answer(_STATUS.get(exc.code, 400), f"{exc} (code {int(exc.code)})".encode())
+            answer = Answer.refusal(exc)
         return answer.head(), answer.body
 
     def _tagged(self, head: Head) -> LongPollSession:
@@ -312,6 +312,11 @@ class Answer:
     def head(self) -> Head:
         return {"status": self.status, "frame": self.frame}
 
+    @classmethod
+    def refusal(cls, exc: ProtocolError) -> Answer:
+        """Bad input as HTTP: the status its protocol code maps to, the reason as text."""
+        return cls(_STATUS.get(exc.code, 400), f"{exc} (code {int(exc.code)})".encode())
+
 
 def _ack(raw: str) -> int:
     if not raw.isdigit() or len(raw) > 20:
@@ -325,8 +330,3 @@ _STATUS = {
     ErrorCode.TOO_MANY: 503,
     ErrorCode.SESSION_EXPIRED: 404,
 }
-
-
-def _error_response(exc: ProtocolError) -> Response:
-    status = _STATUS.get(exc.code, 400)
-    return PlainTextResponse(f"{exc} (code {int(exc.code)})", status_code=status)

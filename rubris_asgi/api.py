@@ -130,11 +130,7 @@ class HttpApi:
         except ProtocolError as exc:  # too many topics on this server
             return self.refusal(Refusal(503, str(exc)))
         if not self.broker.accepting(len(items), sum(len(p) for _, p in items)):
-            return self._answer(
-                {"error": "the broker (Redis) cannot take messages now"},
-                503,
-                {"Retry-After": str(BROKER_RETRY_AFTER)},
-            )
+            return self._broker_away()
         if not engine.offer(items):
             return self._full(len(items))
         return self._answer({"accepted": len(items), "duplicates": 0})
@@ -168,6 +164,8 @@ class HttpApi:
                 for _i, name, ch, payload, item_id, ref in staged
             ]
             queues = list({q.number: q for q, _p, _id, _b in items}.values())
+            if not self.broker.accepting(0, 0):  # shared queues wait in Redis
+                return self._broker_away()
             if batch is not None:
                 return await self._enqueue_in_batch(batch, items, queues)
         except Refusal as r:
@@ -250,6 +248,13 @@ class HttpApi:
             429,
             {"Retry-After": str(RETRY_AFTER)},
             queues,
+        )
+
+    def _broker_away(self) -> Response:
+        return self._answer(
+            {"error": "the broker (Redis) cannot take messages now"},
+            503,
+            {"Retry-After": str(BROKER_RETRY_AFTER)},
         )
 
     def _full(self, n: int | None = None) -> Response:

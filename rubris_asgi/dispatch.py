@@ -202,7 +202,7 @@ class Dispatcher:
                 return
             e.check_payload(len(payload))
             t = e.topic_of(m.name, ch)
-        except QueueFull as exc:
+        except (QueueFull, BrokerUnavailable) as exc:  # a shared queue's Redis away
             e.reject(s, m.req, ErrorCode.TOO_MANY, str(exc))
             return
         except (ProtocolError, MessageTooLarge) as exc:

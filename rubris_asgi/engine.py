@@ -35,7 +35,7 @@ from .protocol import (
     Unsubscribed,
     encode,
 )
-from .queues import QueueItem, QueueSettings, QueueSub, QueueTopic
+from .queues import QueueHome, QueueItem, QueueSettings, QueueSub, QueueTopic
 from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
 from .telemetry import Telemetry
@@ -102,6 +102,8 @@ class Engine:
         self.on_item_end: Callable[[str, bool], None] | None = None
         """Told ``(batch_item, failed)`` when a queue item carrying a batch item ends (set
         before the first queue topic is made: batch tracking's hand-over to its store)."""
+        self.queue_home: QueueHome | None = None
+        """Set by a distributed broker: where queue topics keep their waiting items."""
 
     # sessions
 
@@ -498,6 +500,9 @@ class Engine:
         )
         q.on_item_end = self.on_item_end
         self.queues[name] = q
+        if self.queue_home is not None:
+            q.home = self.queue_home
+            q.home.adopt(q)
         dl = settings.dead_letter
         if dl is not None and dl != name:
             found = registry.match(dl)
@@ -537,7 +542,11 @@ class Engine:
         now = self.clock()
         if item_id is not None and q.duplicate(item_id, now):
             return False
-        ready.append(QueueItem(payload, compressed, item_id, now, batch_item))
+        item = QueueItem(payload, compressed, item_id, now, batch_item)
+        if q.home is not None:
+            q.home.put(q, item)  # shared by several nodes: the item waits there
+            return True
+        ready.append(item)
         q.stats.enqueued += 1
         if not q.dirty and q.consumers:
             q.dirty = True

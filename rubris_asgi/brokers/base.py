@@ -63,6 +63,12 @@ class BrokerStats:
     """Topics this node follows now."""
     outages: int = 0
     """Times the connection to the broker was lost."""
+    items_pending: int = 0
+    """New queue items waiting to be sent to the broker now."""
+    items_taken: int = 0
+    """Queue items taken from the broker for this node's consumers."""
+    items_reclaimed: int = 0
+    """Queue items of dead nodes this node gave back to their queues."""
 
 
 class Broker:

@@ -39,26 +39,23 @@ import itertools
 import logging
 import secrets
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..engine import Engine
 from ..errors import BrokerUnavailable
 from ..topics import RELAY_FIRST, RELAY_IF_FOLLOWED, RELAY_TAKEN, RING, SharedTopic, new_epoch
 from . import redis_scripts
 from .base import SESSION_MARK, Broker, BrokerStats, Head
-from .redis_nodes import NodeLink
+from .redis_nodes import DOWN, NodeLink
+from .redis_queues import RedisQueues
 
 log = logging.getLogger("rubris_asgi.broker")
 
-DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
-"""What a lost or unreachable Redis raises."""
 BATCH = 256
 """Publishes in one script call at most: one call blocks Redis for well under a millisecond."""
 BACKOFF = (0.05, 1.0)
@@ -117,6 +114,8 @@ class RedisBroker(Broker):
         history_ttl: seconds a topic's state lives in Redis after its last use.
         outbox_messages / outbox_bytes: the bounds of what waits to be sent to Redis.
         connect_timeout: seconds ``start`` waits for Redis before it fails.
+        node_timeout: seconds a node may miss its heartbeat before the others take it for
+            dead and give the queue items it held back to their queues (redis_queues.py).
     """
 
     distributed = True
@@ -130,10 +129,13 @@ class RedisBroker(Broker):
         outbox_messages: int = 10_000,
         outbox_bytes: int = 16 * 1024 * 1024,
         connect_timeout: float = 5.0,
+        node_timeout: float = 10.0,
     ) -> None:
         super().__init__()
         if history_ttl <= 0 or outbox_messages < 1 or outbox_bytes < 1:
             raise ValueError("history_ttl, outbox_messages and outbox_bytes must be positive")
+        if node_timeout < 3:
+            raise ValueError("node_timeout must be at least 3 seconds (nodes beat every second)")
         self.url = url
         self.prefix = prefix
         self.ttl_ms = str(int(history_ttl * 1000))
@@ -158,6 +160,10 @@ class RedisBroker(Broker):
         self._refreshed = 0.0
         self._emptied = asyncio.Event()
         self._side: set[asyncio.Task[None]] = set()
+        self._listening: dict[bytes, Callable[[bytes], None]] = {}
+        """Channels heard besides the topics' and the node's: the queues' lengths."""
+        self.queues = RedisQueues(self, node_timeout)
+        """Work-queue topics kept in Redis (redis_queues.py)."""
 
     # life
 
@@ -181,6 +187,7 @@ class RedisBroker(Broker):
         self._publish_script = self._redis.register_script(redis_scripts.PUBLISH)
         self._history_script = self._redis.register_script(redis_scripts.HISTORY)
         self._pubsub = await self._open_pubsub()
+        await self.queues.start(engine)
         engine.relay = self.relay
         engine.session_prefix = self.node + SESSION_MARK
         self._tasks = [
@@ -192,6 +199,8 @@ class RedisBroker(Broker):
         """Send what waits, for at most ``flush`` seconds, then disconnect."""
         if self._engine is not None:
             self._engine.relay = None
+        if self._redis is not None:
+            await self.queues.stop(flush)
         if self._outbox:
             self._emptied.clear()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -219,6 +228,23 @@ class RedisBroker(Broker):
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The client (once started)."""
+        assert self._redis is not None, "the broker is not started"
+        return self._redis
+
+    def listen(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        """Hear ``channel`` (each message's data to ``handler``) from now on, across
+        reconnections."""
+        key = channel.encode()
+        if key in self._listening:
+            return
+        self._listening[key] = handler
+        ps = self._pubsub
+        if ps is not None and not self._reader_down:
+            self.background(self._quietly(ps.subscribe(key)))
 
     def batch_store(self) -> Any:
         """Batches in the same Redis, under the same prefix: every node sees every batch."""
@@ -436,7 +462,7 @@ class RedisBroker(Broker):
         # a hole: read it from the history, holding what arrives meanwhile
         f.held.append((epoch, seq, payload, compressed))
         f.state = _JOINING
-        self._background(self._repair(f))
+        self.background(self._repair(f))
 
     def _store(self, t: SharedTopic, seq: int, payload: bytes, compressed: bool) -> None:
         engine = self._engine
@@ -444,7 +470,7 @@ class RedisBroker(Broker):
         engine.apply(t, seq, payload, compressed)
         self.counters.received += 1
 
-    def _background(self, coro: Any) -> None:
+    def background(self, coro: Any) -> None:
         """Run ``coro`` in a task kept until it ends (the loop keeps only weak references)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._side.add(task)
@@ -459,7 +485,8 @@ class RedisBroker(Broker):
     async def _open_pubsub(self) -> Any:
         assert self._redis is not None
         ps = self._redis.pubsub()
-        await ps.subscribe(self.link.channel)  # connects now: start() fails on a bad address
+        # connects now: start() fails on a bad address
+        await ps.subscribe(self.link.channel, *self._listening)
         return ps
 
     # between nodes
@@ -509,9 +536,12 @@ class RedisBroker(Broker):
                         if self._reader_down:
                             self._reader_down = False
                             log.warning("Redis reachable again: %d topics followed", len(names))
+                            self.queues.reconnected()
                         delay = BACKOFF[0]
                         await listen
                         continue
+                    if self._reader_down:
+                        self.queues.reconnected()
                     self._reader_down = False
                 delay = BACKOFF[0]
                 await self._listen(self._pubsub)
@@ -531,8 +561,11 @@ class RedisBroker(Broker):
                 continue
             kind = msg["type"]
             if kind == "message":
-                if msg["channel"] == self.link.channel:
+                channel = msg["channel"]
+                if channel == self.link.channel:
                     self.link.heard(msg["data"])
+                elif channel in self._listening:
+                    self._listening[channel](msg["data"])
                 else:
                     self._heard(msg["channel"], msg["data"])
             elif kind == "subscribe":
@@ -556,14 +589,14 @@ class RedisBroker(Broker):
         if self._pubsub is None or self._reader_down:
             return
         if gone:
-            self._background(self._quietly(self._unfollow(gone)))
+            self.background(self._quietly(self._unfollow(gone)))
         if now - self._refreshed >= REFRESH and self._following:
             # the position check: every followed topic's state read again, which refreshes
             # its expiry in Redis and repairs anything missed that nothing else revealed (a
             # snapshot's last message lost with a connection)
             self._refreshed = now
             live = [f for f in self._following.values() if f.state == _LIVE]
-            self._background(self._quietly(self._catch_up(live)))
+            self.background(self._quietly(self._catch_up(live)))
 
     async def _unfollow(self, names: list[str]) -> None:
         ps = self._pubsub
@@ -586,4 +619,7 @@ class RedisBroker(Broker):
         c.up = not (self._writer_down or self._reader_down)
         c.pending = len(self._outbox)
         c.following = len(self._following)
+        c.items_pending = len(self.queues._puts)
+        c.items_taken = self.queues.taken
+        c.items_reclaimed = self.queues.reclaimed
         return c

@@ -19,10 +19,15 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import orjson
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .base import Head, NodeGone
 
 log = logging.getLogger("rubris_asgi.broker")
+
+DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+"""What a lost or unreachable Redis raises."""
 
 Handler = Callable[[Head, bytes], Awaitable[tuple[Head, bytes]]]
 Publish = Callable[[str, bytes], Awaitable[int]]

@@ -4,7 +4,8 @@ NACK by delivery tag, CoDel on both sides (the source document on prefetch; prot
 Sans-IO like the rest of the core: times come in as arguments, nothing awaits.
 
 - ``settings``: a queue channel's settings and their defaults;
-- ``topic``: the items waiting and the fair deal to consumers;
+- ``topic``: the items waiting and the fair deal to consumers; ``QueueHome``, where they
+  wait when several nodes share them;
 - ``consumer``: one session's lane, deliveries, ACK/NACK/return and server-side CoDel;
 - ``prefetch``: the per-consumer estimate of round trip and processing time;
 - ``codel``: CoDel's state machine, shared with the clients;
@@ -15,11 +16,12 @@ from .codel import CoDel
 from .consumer import QueueSub
 from .prefetch import PrefetchEstimator
 from .settings import QueueSettings
-from .topic import QueueItem, QueueStats, QueueTopic
+from .topic import QueueHome, QueueItem, QueueStats, QueueTopic
 
 __all__ = [
     "CoDel",
     "PrefetchEstimator",
+    "QueueHome",
     "QueueItem",
     "QueueSettings",
     "QueueStats",

@@ -113,16 +113,21 @@ class QueueSub(Sub):
         out = self.outstanding
         # it held all it may while items waited: if they did not wait at the consumer either,
         # the prefetch is too small (the estimator grows it)
-        starving = len(out) + len(self.lane) >= self.prefetch and bool(self.queue.ready)
+        q = self.queue
+        starving = len(out) + len(self.lane) >= self.prefetch and (
+            bool(q.ready) or (q.home is not None and q.home.waiting(q) > 0)
+        )
         for tag in tags:
             d = out.pop(tag, None)
             if d is not None:
                 done.append(d[0])
                 sent.append(d[1])
         if done:
-            self.queue.stats.acked += len(done)
+            q.stats.acked += len(done)
+            if q.home is not None:
+                q.home.settle(q, done, None, False)
             self.estimator.on_ack(now, sent, starving)
-            self.queue.touch()
+            q.touch()
         return done
 
     def nack(self, tag: int, requeue: bool) -> QueueItem | None:

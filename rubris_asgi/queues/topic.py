@@ -9,6 +9,12 @@ consumer, REVOKE) go to the head of the queue, to be delivered next.
 Memory is bounded: ``max_length`` waiting items, plus at most the prefetch of each consumer.
 Given-back items are never refused, so the waiting count may pass ``max_length`` by what the
 consumers held; new items are refused until it is back under.
+
+With a *home* (``QueueHome``: brokers/redis_queues.py), the waiting items live there, shared by
+every node: ``put`` sends a new item home, ``ready`` holds only what this node took for its
+consumers' free prefetch, and an item leaves this node's custody through ``settle`` (ACKed,
+given back to the head, dead-lettered or dropped). Alone, ``home`` is None and nothing of this
+costs a call.
 """
 
 from __future__ import annotations
@@ -26,7 +32,16 @@ from .settings import QueueSettings
 class QueueItem:
     """One work item: its payload (encoded and maybe compressed once) and its history."""
 
-    __slots__ = ("payload", "compressed", "attempt", "failures", "id", "enqueued", "batch_item")
+    __slots__ = (
+        "payload",
+        "compressed",
+        "attempt",
+        "failures",
+        "id",
+        "enqueued",
+        "batch_item",
+        "key",
+    )
 
     def __init__(
         self,
@@ -47,6 +62,8 @@ class QueueItem:
         self.batch_item = batch_item
         """The batch item this work item is (protocol.md 8b): done at its ACK, failed when it
         is dead-lettered."""
+        self.key: str | None = None
+        """Its name in its home (unique across nodes), when the queue has one."""
 
     def __repr__(self) -> str:
         return f"<QueueItem id={self.id!r} attempt={self.attempt} failures={self.failures}>"
@@ -59,6 +76,31 @@ class Consumer(Protocol):
     outstanding: dict[int, Any]
 
     def credit(self) -> int: ...
+
+
+class QueueHome(Protocol):
+    """Where the waiting items of queues live when several nodes share them (a broker's)."""
+
+    def adopt(self, q: QueueTopic) -> None:
+        """``q`` is made on this node: hear about its items from now on."""
+
+    def free(self, q: QueueTopic) -> int:
+        """New items ``q`` may take now, as this node knows it."""
+
+    def put(self, q: QueueTopic, item: QueueItem) -> None:
+        """Send a new item home; raises ``QueueFull`` or ``BrokerUnavailable`` (nothing sent)."""
+
+    def settle(
+        self, q: QueueTopic, items: list[QueueItem], dest: QueueTopic | None, head: bool
+    ) -> None:
+        """``items`` of ``q`` leave this node: to ``dest``'s head (``head``: given back) or
+        tail (dead-lettered), or nowhere (ACKed, dropped). Never refused."""
+
+    def want(self, q: QueueTopic) -> None:
+        """The consumers of ``q`` here may have free prefetch, or less than it holds."""
+
+    def waiting(self, q: QueueTopic) -> int:
+        """Items of ``q`` waiting at home, as this node knows it."""
 
 
 @dataclass
@@ -108,6 +150,7 @@ class QueueTopic:
         "dead_letter",
         "waiters",
         "on_item_end",
+        "home",
         "_on_dirty",
     )
 
@@ -144,12 +187,20 @@ class QueueTopic:
         self.on_item_end: Callable[[str, bool], None] | None = None
         """Told ``(batch_item, failed)`` when an item carrying one ends: ACKed (done) or
         dead-lettered (failed)."""
+        self.home: QueueHome | None = None
+        """Where the waiting items live when nodes share them; None alone."""
         self._on_dirty = on_dirty
 
     # producing
 
     def room(self, n: int = 1) -> bool:
-        return len(self.ready) + n <= self.settings.max_length
+        return self.free() >= n
+
+    def free(self) -> int:
+        """New items this queue takes now."""
+        if self.home is not None:
+            return self.home.free(self)
+        return self.settings.max_length - len(self.ready)
 
     def duplicate(self, item_id: str | None, now: float) -> bool:
         """Whether ``item_id`` was enqueued within the dedup window (counted), else records it."""
@@ -160,6 +211,9 @@ class QueueTopic:
 
     def put(self, item: QueueItem) -> None:
         """Append a new item; raises ``QueueFull`` at ``max_length`` (nothing changed)."""
+        if self.home is not None:
+            self.home.put(self, item)  # counted as enqueued when home takes it
+            return
         if len(self.ready) >= self.settings.max_length:
             raise QueueFull(f"queue {self.name!r} is full ({self.settings.max_length} waiting)")
         self.ready.append(item)
@@ -168,6 +222,8 @@ class QueueTopic:
 
     def touch(self) -> None:
         """Something changed that a deal may act on: items, or a consumer's free prefetch."""
+        if self.home is not None:
+            self.home.want(self)
         if not self.dirty and self.consumers:
             self.dirty = True
             self._on_dirty(self)
@@ -176,7 +232,10 @@ class QueueTopic:
 
     def requeue(self, items: list[QueueItem]) -> None:
         """Put ``items`` back at the head, in their order: they are delivered next."""
-        if items:
+        if items and self.home is not None:
+            self.home.settle(self, items, self, True)  # the next to be taken, by any node
+            self.touch()
+        elif items:
             self.ready.extendleft(reversed(items))
             self.touch()
 
@@ -203,9 +262,13 @@ class QueueTopic:
         dl = self.dead_letter
         if dl is None or not dl.room():
             self.stats.dropped += 1
-            return
-        item.failures = 0  # the dead-letter queue's own delivery limit starts afresh
-        dl.put(item)
+            dl = None
+        else:
+            item.failures = 0  # the dead-letter queue's own delivery limit starts afresh
+        if self.home is not None:
+            self.home.settle(self, [item], dl, False)
+        elif dl is not None:
+            dl.put(item)
 
     # the deal (in the cycle)
 
@@ -242,16 +305,22 @@ class QueueTopic:
             for c in touched:
                 on_dealt(c)
         if self.waiters:
-            free = self.settings.max_length - len(ready)
-            while self.waiters and free > 0:
-                self.waiters.popleft()()
-                free -= 1
+            self.wake_waiters()
+
+    def wake_waiters(self) -> None:
+        """Let as many waiting producers on as there is room for."""
+        free = self.free()
+        while self.waiters and free > 0:
+            self.waiters.popleft()()
+            free -= 1
 
     def snapshot(self) -> QueueStats:
         out = QueueStats(**{k: getattr(self.stats, k) for k in self.stats.__dataclass_fields__})
         out.waiting = len(self.ready) + sum(len(c.lane) for c in self.consumers)
         out.outstanding = sum(len(c.outstanding) for c in self.consumers)
         out.consumers = len(self.consumers)
+        if self.home is not None:
+            out.waiting += self.home.waiting(self)
         return out
 
     def __repr__(self) -> str:

@@ -9,13 +9,17 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from rubris_asgi import Config, Rubris, Session, Timing
+from rubris_asgi.brokers import ENV, RedisBroker
 
 TOKEN = "cluster-test"
+NODE_TIMEOUT = 3.0
+"""Seconds before the others take a silent worker for dead (10 by default): tests wait less."""
 
 rubris = Rubris(
     Config(timing=Timing(poll_timeout=1.0, session_timeout=5.0, shutdown_drain=2.0)),
     api_token=TOKEN,
     batches=False,
+    broker=RedisBroker(os.environ[ENV], node_timeout=NODE_TIMEOUT) if os.environ.get(ENV) else None,
 )
 
 
@@ -26,6 +30,11 @@ async def ring(session: Session, name: str) -> None:
 
 @rubris.shared("snap.{name}", snapshot=True)
 async def snap(session: Session, name: str) -> None:
+    return None
+
+
+@rubris.queue("work", codel_target=None)  # a REVOKE of a started item would be a repeat
+async def work(session: Session) -> None:
     return None
 
 

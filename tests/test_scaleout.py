@@ -162,6 +162,47 @@ async def test_a_killed_process_leaves_the_other_serving_and_its_clients_recover
                 assert moved.stats.reconnects >= 1 and stays.stats.reconnects == 0
 
 
+async def test_a_killed_process_queue_items_go_to_the_consumers_of_the_other(
+    redis: RedisServer,
+) -> None:
+    """Work items held by a worker killed with SIGKILL (its consumer had them, unacked) come
+    back to the queue once the worker misses its heartbeat, and the other worker's consumer
+    gets them as redeliveries (attempt 2); nothing is lost or done twice by the survivors."""
+    redis.flush()
+    async with two_nodes(redis.url) as [(proc_a, base_a), (_, base_b)]:
+        async with (
+            Client(base_a + "/rubris", reconnect=False) as on_a,
+            Client(base_b + "/rubris") as on_b,
+            httpx.AsyncClient() as http,
+        ):
+            held = await on_a.consume("work", prefetch=4)
+            r = await http.post(
+                base_b + "/rubris/api/enqueue",
+                json=[{"topic": "work", "data": i} for i in range(10)],
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
+            assert r.status_code == 200, r.text
+            taken = [await held.get(timeout=5) for _ in range(4)]  # A's, never acked
+            done: list[Any] = []
+            consumer = await on_b.consume("work", prefetch=4)
+
+            async def work() -> None:
+                async for item in consumer:
+                    done.append((item.value, item.attempt))
+                    item.ack()
+
+            task = asyncio.create_task(work())
+            await until(lambda: len(done) == 6, "the 6 A did not hold, on B")
+            proc_a.kill()
+            await proc_a.wait()
+            await until(lambda: len(done) == 10, "A's 4 back after its heartbeat lapsed", 15)
+            assert sorted(v for v, _ in done) == list(range(10))
+            again = {v for v, a in done if a == 2}
+            assert again == {item.value for item in taken}  # the redeliveries, marked so
+            await consumer.close()
+            await asyncio.wait_for(task, 5)
+
+
 async def test_serve_with_two_workers_shares_topics_and_drains(redis: RedisServer) -> None:
     redis.flush()
     port = free_port()

@@ -96,7 +96,8 @@ class Producer:
             self._put()  # creates the queue topic
         q = self.rubris.engine.queues[QUEUE]
         while True:
-            waiting = len(q.ready) + sum(len(c.lane) for c in q.consumers)
+            # the queue's and the lanes' (and with Redis, what waits there or on its way)
+            waiting = q.snapshot().waiting
             for _ in range(depth - waiting):
                 if not self._put():
                     break

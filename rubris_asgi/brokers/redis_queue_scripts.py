@@ -10,7 +10,10 @@ Keys, for the prefix ``P`` (default ``rubris:``), a queue topic ``NAME`` and a n
 - ``P nodes`` (a sorted set): every live node, scored by its last heartbeat (Redis's clock).
 - ``P qb:BATCH``, ``P qt:NODE:TAKE``: the answer to a batch of items, the keys of one take,
   for a minute: sent again after a lost connection, they are answered from the first run.
-- ``P qc:NAME``: the pub/sub channel that tells every node the queue's new length.
+- ``P qv:NAME``: the version of the queue's length, one more at each change told.
+- ``P qc:NAME``: the pub/sub channel that tells every node the queue's new length, as
+  ``length:version``: a node keeps the newest version it heard, whichever way and in whatever
+  order the news came (answers and channel messages race).
 
 An item *record* is ``failures:attempt:key:flag:[id,batch_item]\\npayload`` (``flag`` 1 when
 the payload is deflated): the counts first, so that a script can count one more failure.
@@ -29,6 +32,7 @@ _TELL = """
 local function tell(P, touched, out)
   for name, _ in pairs(touched) do
     local len = redis.call('LLEN', P .. 'q:' .. name)
+    len = len .. ':' .. redis.call('INCR', P .. 'qv:' .. name)
     redis.call('PUBLISH', P .. 'qc:' .. name, len)
     out[#out + 1] = name
     out[#out + 1] = len
@@ -45,35 +49,40 @@ local done = P .. 'qb:' .. ARGV[2]
 local answer = redis.call('GET', done)
 if answer then return cjson.decode(answer) end
 local out, touched = {}, {}
-for i = 3, #ARGV, 5 do
-  local name, window, max, id = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
-  local fresh = 1
-  if id ~= '' and max > 0 then
-    local ids = P .. 'qi:' .. name
-    local at = redis.call('ZSCORE', ids, id)
-    if at and tonumber(at) > now - window then
-      fresh = 0
-    else
-      redis.call('ZADD', ids, now, id)
-      redis.call('ZREMRANGEBYSCORE', ids, '-inf', now - window)
-      redis.call('ZREMRANGEBYRANK', ids, 0, -max - 1)
-      redis.call('PEXPIRE', ids, window)
+local i = 3
+while i <= #ARGV do
+  local name, window, max, n = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
+  local q, ids = P .. 'q:' .. name, P .. 'qi:' .. name
+  for j = i + 4, i + 3 + 2 * tonumber(n), 2 do
+    local id, fresh = ARGV[j], 1
+    if id ~= '' and max > 0 then
+      local at = redis.call('ZSCORE', ids, id)
+      if at and tonumber(at) > now - window then
+        fresh = 0
+      else
+        redis.call('ZADD', ids, now, id)
+        redis.call('ZREMRANGEBYSCORE', ids, '-inf', now - window)
+        redis.call('ZREMRANGEBYRANK', ids, 0, -max - 1)
+        redis.call('PEXPIRE', ids, window)
+      end
     end
+    if fresh == 1 then
+      redis.call('RPUSH', q, ARGV[j + 1])
+      touched[name] = true
+    end
+    out[#out + 1] = fresh
   end
-  if fresh == 1 then
-    redis.call('RPUSH', P .. 'q:' .. name, ARGV[i + 4])
-    touched[name] = true
-  end
-  out[#out + 1] = fresh
+  i = i + 4 + 2 * tonumber(n)
 end
 tell(P, touched, out)
 redis.call('SET', done, cjson.encode(out), 'PX', 60000)
 return out
 """
 )
-"""ARGV: prefix, the batch's id, then per item: queue name, dedup window ms, dedup max, id
-('' none), record. Answers 1 (enqueued) or 0 (a duplicate) per item, then ``name, length``
-for each queue that grew (also published on its channel)."""
+"""ARGV: prefix, the batch's id, then per run of items of one queue: its name, dedup window ms,
+dedup max, the run's length n, then n pairs: id ('' none), record. Answers 1 (enqueued) or 0
+(a duplicate) per item, then ``name, length:version`` for each queue that grew (also
+published on its channel)."""
 
 TAKE = (
     _NOW
@@ -105,38 +114,50 @@ elseif n > 0 then
     redis.call('SET', mark, cjson.encode(keys), 'PX', 60000)
   end
 end
-out[1] = redis.call('LLEN', q)
+out[1] = redis.call('LLEN', q) .. ':' .. redis.call('INCR', P .. 'qv:' .. name)
 return out
 """
 )
 """ARGV: prefix, node, the take's id, queue name, how many at most. Moves up to that many
-items from the head of the queue into the node's custody; answers the queue's length, then
-their records (a take sent again answers what its first run took and the node still holds)."""
+items from the head of the queue into the node's custody; answers the queue's ``length:version``,
+then their records (a take sent again answers what its first run took and the node still holds)."""
 
 SETTLE = (
     _TELL
     + """
 local P, node = ARGV[1], ARGV[2]
 local out, touched = {}, {}
-for i = 3, #ARGV, 5 do
-  local name, key, dest, how = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  if redis.call('HDEL', P .. 'qh:' .. name .. ':' .. node, key) == 1 and dest ~= '' then
-    if how == 'h' then
-      redis.call('LPUSH', P .. 'q:' .. dest, ARGV[i + 4])
-    else
-      redis.call('RPUSH', P .. 'q:' .. dest, ARGV[i + 4])
+local i = 3
+while i <= #ARGV do
+  local held = P .. 'qh:' .. ARGV[i] .. ':' .. node
+  local dest, how, n = ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+  if dest == '' then
+    for j = i + 4, i + 3 + n do redis.call('HDEL', held, ARGV[j]) end
+    i = i + 4 + n
+  else
+    local q = P .. 'q:' .. dest
+    for j = i + 4, i + 3 + 2 * n, 2 do
+      if redis.call('HDEL', held, ARGV[j]) == 1 then
+        if how == 'h' then
+          redis.call('LPUSH', q, ARGV[j + 1])
+        else
+          redis.call('RPUSH', q, ARGV[j + 1])
+        end
+        touched[dest] = true
+      end
     end
-    touched[dest] = true
+    i = i + 4 + 2 * n
   end
 end
 tell(P, touched, out)
 return out
 """
 )
-"""ARGV: prefix, node, then per item: queue name, key, destination queue ('' none: ACKed or
-dropped), 'h' (to its head) or 't' (to its tail), record. An item the node no longer holds
-(reclaimed while it was cut off, or settled by a first run) is left alone. Answers ``name,
-length`` for each queue that grew."""
+"""ARGV: prefix, node, then per run of items of one queue to one place: the queue's name, the
+destination queue ('' none: ACKed or dropped), 'h' (to its head) or 't' (to its tail), the
+run's length n, then n keys ('' destination) or n pairs: key, record. An item the node no
+longer holds (reclaimed while it was cut off, or settled by a first run) is left alone.
+Answers ``name, length:version`` for each queue that grew."""
 
 BEAT = (
     _NOW
@@ -186,7 +207,7 @@ A heartbeat: the node's time in ``P nodes``; then every node silent for longer i
 dead and the items it held go back to the head of their queues, one more failure and one more
 delivery each (their consumers were lost, perhaps after starting them: the next consumer sees
 an attempt above 1, a redelivery). A node that leaves gives back what it still holds as it
-is. Answers how many items moved, then ``name, length`` for each queue that grew."""
+is. Answers how many items moved, then ``name, length:version`` for each queue that grew."""
 
 AUDIT = (
     _TELL
@@ -215,4 +236,5 @@ return out
 )
 """ARGV: prefix, node, queue name, then the keys the node knows it holds. Whatever else is in
 its custody (a take whose answer was lost with the connection, for longer than its mark
-lives) goes back to the head of the queue as it is. Answers how many, then ``name, length``."""
+lives) goes back to the head of the queue as it is. Answers how many, then ``name,
+length:version``."""

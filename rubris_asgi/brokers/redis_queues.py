@@ -61,6 +61,11 @@ BATCH = 256
 """Items in one script call at most."""
 TAKE_MAX = 256
 """Items one take moves at most."""
+SPARE_S = 0.005
+"""Seconds of its consumers' work a node keeps ready at least (at their measured rate)."""
+PENDING_MAX = 1024
+"""New items of one queue waiting to be sent from one node at most: what bounds how far the
+nodes together may pass a queue's ``max_length`` (each checks the length it last heard)."""
 BEAT = 1.0
 """Seconds between heartbeats (and length checks)."""
 AUDIT = 30.0
@@ -106,18 +111,23 @@ def decode_item(record: bytes, now: float) -> QueueItem:
 class _View:
     """What this node knows of one queue in Redis."""
 
-    __slots__ = ("q", "length", "pending", "taking", "poked")
+    __slots__ = ("q", "length", "version", "pending", "taking", "rate", "rtt", "acked")
 
     def __init__(self, q: QueueTopic) -> None:
         self.q = q
         self.length = -1
         """Items waiting in Redis when last heard (-1: not known yet)."""
+        self.version = 0
+        """The version of ``length``: news of an older one is stale."""
         self.pending = 0
         """New items in this node's outbox."""
         self.taking = 0
-        """Items asked for by a take on its way (one at a time per queue)."""
-        self.poked = False
-        """The queue grew while a take was on its way: take again after it."""
+        """Items asked for by a take on its way (one at a time per queue; -1: an audit)."""
+        self.rate = 0.0
+        """Items this node's consumers ACK a second (over the last beat)."""
+        self.rtt = 0.001
+        """Seconds a take takes (a moving mean)."""
+        self.acked = q.stats.acked
 
 
 class RedisQueues:
@@ -213,7 +223,7 @@ class RedisQueues:
 
     def free(self, q: QueueTopic) -> int:
         v = self._views[q.name]
-        room = self.broker.outbox_messages - len(self._puts)
+        room = min(self.broker.outbox_messages - len(self._puts), PENDING_MAX - v.pending)
         return min(q.settings.max_length - max(v.length, 0) - v.pending, room)
 
     def waiting(self, q: QueueTopic) -> int:
@@ -223,9 +233,10 @@ class RedisQueues:
     def put(self, q: QueueTopic, item: QueueItem) -> None:
         if self.down or not self.broker.accepting(0, 0):
             raise BrokerUnavailable("Redis is unreachable: item refused, try again shortly")
-        if len(self._puts) >= self.broker.outbox_messages:
-            raise QueueFull("too many items waiting to be sent to Redis: try again shortly")
         if self.free(q) < 1:
+            v = self._views[q.name]
+            if v.pending >= PENDING_MAX or len(self._puts) >= self.broker.outbox_messages:
+                raise QueueFull(f"queue {q.name!r}: too many items on their way to Redis")
             raise QueueFull(f"queue {q.name!r} is full ({q.settings.max_length} waiting)")
         self._send(q, item)
 
@@ -255,13 +266,14 @@ class RedisQueues:
     # Redis's side
 
     def heard(self, name: str, data: bytes) -> None:
-        """A queue's new length, on its channel (``P qc:NAME``) or in a script's answer."""
+        """A queue's new ``length:version``, on its channel (``P qc:NAME``) or in an answer."""
         v = self._views.get(name)
         if v is None:
             return
-        v.length = int(data)
-        if v.taking:
-            v.poked = True
+        length, _, version = data.partition(b":")
+        if int(version) <= v.version:
+            return  # older news than what this node knows
+        v.length, v.version = int(length), int(version)
         if v.q.consumers:
             self.want(v.q)
         if v.q.waiters:
@@ -271,7 +283,7 @@ class RedisQueues:
         """The connection to Redis is back: what was heard meanwhile is lost, ask again."""
         self._audited = 0.0  # a take's answer may have been lost: check the custody soon
         for v in self._views.values():
-            v.length = -1
+            v.length, v.version = -1, 0
             if v.q.consumers:
                 self.want(v.q)
 
@@ -297,7 +309,8 @@ class RedisQueues:
         """``name, length`` pairs at the end of a script's answer."""
         for i in range(start, len(answer) - 1, 2):
             name = answer[i].decode() if isinstance(answer[i], bytes) else str(answer[i])
-            self.heard(name, str(int(answer[i + 1])).encode())
+            data = answer[i + 1]
+            self.heard(name, data if isinstance(data, bytes) else str(data).encode())
 
     async def _write_loop(self) -> None:
         puts, settles = self._puts, self._settles
@@ -311,8 +324,15 @@ class RedisQueues:
             if settles:
                 ops = self._settling = [settles.popleft() for _ in range(min(BATCH, len(settles)))]
                 args: list[Any] = [self.prefix, self.node]
-                for op in ops:
-                    args += op
+                for (name, to, how), run in itertools.groupby(
+                    ops, lambda op: (op[0], op[2], op[3])
+                ):
+                    items = list(run)
+                    args += (name, to, how, len(items))
+                    for op in items:
+                        args.append(op[1])
+                        if to:
+                            args.append(op[4])
                 try:
                     self._lengths(await self._call("SETTLE", args), 0)
                 except Exception:  # a script error: a bug, never a reason to stop
@@ -321,9 +341,12 @@ class RedisQueues:
 
     async def _send_puts(self, batch: list[tuple[QueueTopic, QueueItem, bytes]]) -> None:
         args: list[Any] = [self.prefix, f"{self.node}:{next(self._batches)}"]
-        for q, item, record in batch:
+        for q, run in itertools.groupby(batch, lambda put: put[0]):
+            items = list(run)
             s = q.settings
-            args += [q.name, int(s.dedup_window * 1000), s.dedup_max, item.id or "", record]
+            args += (q.name, int(s.dedup_window * 1000), s.dedup_max, len(items))
+            for _, item, record in items:
+                args += (item.id or "", record)
         try:
             answer = await self._call("ENQUEUE", args)
         except Exception:
@@ -351,24 +374,37 @@ class RedisQueues:
                 self._reconcile(q)
 
     def _reconcile(self, q: QueueTopic) -> None:
-        """Take what this node's consumers of ``q`` have room for, or give back the excess."""
+        """Keep ``q.ready`` at what this node's consumers have room for plus one prefetch of
+        each (so an ACK is followed by the next item without waiting for Redis): take when
+        it falls to half of that, give back beyond it (consumers left)."""
         v = self._views[q.name]
         if v.taking:
             return  # its answer wants again
-        free = sum(max(c.credit(), 0) for c in q.consumers) - len(q.ready)
-        if free < 0:
-            back = [q.ready.pop() for _ in range(-free)]
+        room = 0
+        for c in q.consumers:
+            if c.live:
+                room += max(c.credit(), 0)
+        # what the consumers here finish in two takes' time, or 5 ms: an ACK is then followed
+        # by the next item without waiting for Redis, each take moves many items, and slow
+        # consumers (long jobs: rounded down to none) hoard nothing that another node's idle
+        # consumers could start
+        spare = min(TAKE_MAX, int(v.rate * max(2 * v.rtt, SPARE_S))) if room or q.ready else 0
+        target = room + spare
+        have = len(q.ready)
+        if have > target + spare:
+            back = [q.ready.pop() for _ in range(have - target)]
             back.reverse()
             self.settle(q, back, q, True)
-        elif free > 0 and v.length != 0 and not self.down:
-            v.taking = min(free, TAKE_MAX)
-            self.broker.background(self._take(q, v))
+        elif 2 * have < target or (have < room):
+            if v.length != 0 and not self.down:
+                v.taking = min(target - have, TAKE_MAX)
+                self.broker.background(self._take(q, v))
 
     async def _take(self, q: QueueTopic, v: _View) -> None:
         engine = self._engine
         assert engine is not None
         args = [self.prefix, self.node, str(next(self._takes)), q.name, v.taking]
-        v.poked = False
+        began = engine.clock()
         try:
             answer = await self._call("TAKE", args)
         except Exception:
@@ -376,8 +412,9 @@ class RedisQueues:
             return
         finally:
             v.taking = 0
-        v.length = int(answer[0])
+        self.heard(q.name, answer[0])
         now = engine.clock()
+        v.rtt += 0.25 * (now - began - v.rtt)
         fresh = []
         for record in answer[1:]:
             item = decode_item(record, now)
@@ -387,8 +424,6 @@ class RedisQueues:
                 fresh.append(item)
         self.taken += len(fresh)
         q.ready.extend(fresh)
-        if v.poked:
-            v.length = -1
         q.touch()  # the deal, and this node's wants again
         if q.waiters:
             q.wake_waiters()
@@ -435,18 +470,22 @@ class RedisQueues:
                     log.warning("%d queue items of dead nodes given back", int(answer[0]))
                 self._lengths(answer, 1)
                 views = list(self._views.values())
+                for v in views:
+                    acked = v.q.stats.acked
+                    v.rate, v.acked = (acked - v.acked) / BEAT, acked
                 engine = self._engine
                 if engine is not None and engine.clock() - self._audited >= AUDIT:
                     self._audited = engine.clock()
                     for v in views:
                         await self._audit(v)
                 if views:
-                    pipe = redis.pipeline(transaction=False)
+                    pipe = redis.pipeline(transaction=True)  # each length with its version
                     for v in views:
                         pipe.llen(self.prefix + "q:" + v.q.name)
-                    for v, n in zip(views, await pipe.execute(), strict=True):
-                        if not v.taking and not v.pending:
-                            self.heard(v.q.name, str(n).encode())
+                        pipe.get(self.prefix + "qv:" + v.q.name)
+                    got = await pipe.execute()
+                    for v, n, version in zip(views, got[::2], got[1::2], strict=True):
+                        self.heard(v.q.name, b"%d:%d" % (n, int(version or 0)))
             except DOWN:
                 continue  # the writer and the reader say so; the next beat tries again
             except Exception:

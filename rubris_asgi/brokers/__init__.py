@@ -4,7 +4,9 @@
   default: nothing added to a publish);
 - ``redis_broker``: ``RedisBroker`` (``rubris-asgi[redis]``, imported on first use), topics
   numbered and kept in Redis, heard through pub/sub;
-- ``redis_scripts``: its Lua scripts.
+- ``redis_scripts``: its Lua scripts;
+- ``redis_nodes``: requests between nodes;
+- ``redis_queues``, ``redis_queue_scripts``: work-queue topics kept in Redis.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ itself, subscribes to its channels again and reads from each followed topic's hi
 missed. A topic Redis lost (restarted without persistence) comes back under a new epoch: its
 subscribers get UNSUBSCRIBED 11 and subscribe again, recovered=0.
 
+**Work queues.** Queue topics keep their waiting items in the same Redis, for the consumers
+of every node: redis_queues.py.
+
 Bounds: the outbox holds at most ``outbox_messages`` publishes and ``outbox_bytes`` of payload
 (a publish beyond is refused; messages the intake already took are always kept, the intake
 being bounded itself); a topic catching up keeps at most its ring's worth of new messages.
@@ -258,6 +261,7 @@ class RedisBroker(Broker):
         return (
             not self._writer_down
             and not self._reader_down
+            and not self.queues.down
             and len(self._outbox) + messages <= self.outbox_messages
             and self._outbox_size + nbytes <= self.outbox_bytes
         )
@@ -616,7 +620,7 @@ class RedisBroker(Broker):
 
     def stats(self) -> BrokerStats:
         c = self.counters
-        c.up = not (self._writer_down or self._reader_down)
+        c.up = not (self._writer_down or self._reader_down or self.queues.down)
         c.pending = len(self._outbox)
         c.following = len(self._following)
         c.items_pending = len(self.queues._puts)

@@ -167,7 +167,10 @@ class RedisQueues:
         for name in ("ENQUEUE", "TAKE", "SETTLE", "BEAT", "AUDIT"):
             self._scripts[name] = redis.register_script(getattr(scripts, name))
         self._engine = engine
-        await self._call("BEAT", [self.prefix, self.node, self.lapse_ms, "0"])
+        try:  # this node in the table of live nodes, and a first look for dead ones
+            await self._scripts["BEAT"](args=[self.prefix, self.node, self.lapse_ms, "0"])
+        except DOWN as exc:
+            raise BrokerUnavailable(f"cannot reach Redis at start: {exc}") from exc
         engine.queue_home = self
         for q in engine.queues.values():  # made before the start: their items move to Redis
             q.home = self
@@ -231,7 +234,7 @@ class RedisQueues:
         return max(v.length, 0) + v.pending
 
     def put(self, q: QueueTopic, item: QueueItem) -> None:
-        if self.down or not self.broker.accepting(0, 0):
+        if not self.broker.accepting(0, 0):  # Redis away (this module's calls too)
             raise BrokerUnavailable("Redis is unreachable: item refused, try again shortly")
         if self.free(q) < 1:
             v = self._views[q.name]
@@ -465,6 +468,8 @@ class RedisQueues:
                 answer = await self._scripts["BEAT"](
                     args=[self.prefix, self.node, self.lapse_ms, "0"]
                 )
+                if self.down and not self._puts and not self._settles:
+                    self.down = False  # nothing of this module's waits: Redis answers again
                 if int(answer[0]):
                     self.reclaimed += int(answer[0])
                     log.warning("%d queue items of dead nodes given back", int(answer[0]))
@@ -487,6 +492,6 @@ class RedisQueues:
                     for v, n, version in zip(views, got[::2], got[1::2], strict=True):
                         self.heard(v.q.name, b"%d:%d" % (n, int(version or 0)))
             except DOWN:
-                continue  # the writer and the reader say so; the next beat tries again
+                continue  # the next beat tries again (the writer's retries say when it is back)
             except Exception:
                 log.exception("queue heartbeat failed")

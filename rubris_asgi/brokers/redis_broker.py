@@ -54,15 +54,13 @@ from ..errors import BrokerUnavailable
 from ..topics import RELAY_FIRST, RELAY_IF_FOLLOWED, RELAY_TAKEN, RING, SharedTopic, new_epoch
 from . import redis_scripts
 from .base import SESSION_MARK, Broker, BrokerStats, Head
-from .redis_nodes import DOWN, NodeLink
+from .redis_nodes import BACKOFF, DOWN, NodeLink, until_answered
 from .redis_queues import RedisQueues
 
 log = logging.getLogger("rubris_asgi.broker")
 
 BATCH = 256
 """Publishes in one script call at most: one call blocks Redis for well under a millisecond."""
-BACKOFF = (0.05, 1.0)
-"""Seconds between reconnection attempts: first, most (doubling)."""
 IDLE_FOLLOW = 30.0
 """Seconds a followed topic stays followed without subscribers (a page reload comes back)."""
 REFRESH = 60.0
@@ -324,19 +322,17 @@ class RedisBroker(Broker):
         for e in batch:
             t = e.topic
             args += [t.name, int(t.mode), t.cap, e.cond, int(e.compressed), e.payload]
-        delay = BACKOFF[0]
-        while True:
-            try:
-                seqs: list[int] = await self._publish_script(args=args)
-            except DOWN as exc:
-                self._down("writer", exc)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, BACKOFF[1])
-                continue
-            if self._writer_down:
-                self._writer_down = False
-                log.warning("Redis reachable again: publishing resumed")
-            return seqs
+        seqs: list[int] = await until_answered(
+            lambda: self._publish_script(args=args),
+            lambda exc: self._down("writer", exc),
+            self._writer_back,
+        )
+        return seqs
+
+    def _writer_back(self) -> None:
+        if self._writer_down:
+            self._writer_down = False
+            log.warning("Redis reachable again: publishing resumed")
 
     def _down(self, who: str, exc: BaseException) -> None:
         was = self._writer_down or self._reader_down

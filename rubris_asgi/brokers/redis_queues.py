@@ -48,7 +48,7 @@ import orjson
 from ..errors import BrokerUnavailable, QueueFull
 from ..queues import QueueItem, QueueTopic
 from . import redis_queue_scripts as scripts
-from .redis_nodes import DOWN
+from .redis_nodes import DOWN, until_answered
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -70,7 +70,6 @@ BEAT = 1.0
 """Seconds between heartbeats (and length checks)."""
 AUDIT = 30.0
 """Seconds between checks of this node's custody in Redis against what it knows it holds."""
-BACKOFF = (0.05, 1.0)
 
 
 class Carrier(Protocol):
@@ -292,21 +291,19 @@ class RedisQueues:
 
     async def _call(self, script: str, args: list[Any]) -> Any:
         """Run a script until Redis answers it (the same arguments: each is idempotent)."""
-        delay = BACKOFF[0]
-        while True:
-            try:
-                answer = await self._scripts[script](args=args)
-            except DOWN as exc:
-                if not self.down:
-                    self.down = True
-                    log.warning("Redis unreachable (queues): %s; items refused until back", exc)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, BACKOFF[1])
-                continue
-            if self.down:
-                self.down = False
-                log.warning("Redis reachable again: queue items taken")
-            return answer
+        return await until_answered(
+            lambda: self._scripts[script](args=args), self._went_down, self._came_back
+        )
+
+    def _went_down(self, exc: BaseException) -> None:
+        if not self.down:
+            self.down = True
+            log.warning("Redis unreachable (queues): %s; items refused until back", exc)
+
+    def _came_back(self) -> None:
+        if self.down:
+            self.down = False
+            log.warning("Redis reachable again: queue items taken")
 
     def _lengths(self, answer: list[Any], start: int) -> None:
         """``name, length`` pairs at the end of a script's answer."""

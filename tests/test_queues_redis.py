@@ -275,6 +275,38 @@ async def test_the_http_api_enqueues_into_a_batch_that_completes_on_another_node
         assert sorted(seen) == list(range(20))
 
 
+async def test_an_id_redis_finds_again_ends_its_batch_item_as_done(
+    redis_server: RedisServer,  # noqa: F811 (the fixture)
+) -> None:
+    """The second producer of the same work (its id) on another node: Redis refuses the item,
+    and its batch item ends as done, as the HTTP API does for a repeat it finds itself; the
+    batch completes when the one item enqueued is ACKed."""
+    redis_server.flush()
+    a, b = queue_node(redis_server.url, batches=True), queue_node(redis_server.url, batches=True)
+    async with contextlib.AsyncExitStack() as stack:
+        base_a = await stack.enter_async_context(run_server(starlette_app(a)))
+        await stack.enter_async_context(run_server(starlette_app(b)))
+        batch = await a.batches.open()
+        first, second = (await a.batches.add(batch, 2)).ids()
+        assert await a.put("jobs.dup", "work", id="job-1", batch_item=first)
+        await until(lambda: a.queue_stats("jobs.dup").enqueued == 1, "A's item in Redis")
+        assert await b.put("jobs.dup", "work", id="job-1", batch_item=second)
+        await until(lambda: b.queue_stats("jobs.dup").duplicates == 1, "Redis found the id")
+        await b.batches.seal(batch)
+        async with Client(base_a + "/rubris") as c:
+            k = await c.consume("jobs.dup")
+            item = await k.get(timeout=5)
+            assert item.ack()
+            with pytest.raises(asyncio.TimeoutError):
+                await k.get(timeout=0.3)  # one item: the work is done once
+        for _ in range(500):
+            st = (await b.batches.status(batch)).to_json()
+            if st["state"] == "complete":
+                break
+            await asyncio.sleep(0.02)
+        assert (st["state"], st["total"], st["done"], st["failed"]) == ("complete", 2, 2, 0)
+
+
 async def test_items_wait_in_redis_through_a_restart_and_acks_wait_for_it() -> None:
     with RedisServer(persist=True) as server:
         async with nodes(server.url) as [(a, _), (b, url_b)]:

@@ -619,7 +619,7 @@ class RedisBroker(Broker):
         c.up = not (self._writer_down or self._reader_down or self.queues.down)
         c.pending = len(self._outbox)
         c.following = len(self._following)
-        c.items_pending = len(self.queues._puts)
+        c.items_pending = self.queues.pending
         c.items_taken = self.queues.taken
         c.items_reclaimed = self.queues.reclaimed
         return c

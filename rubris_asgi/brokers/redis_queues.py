@@ -216,6 +216,11 @@ class RedisQueues:
                 q.home = None
         self._engine = None
 
+    @property
+    def pending(self) -> int:
+        """New items waiting to be sent to Redis."""
+        return len(self._puts)
+
     # the engine's side (QueueHome)
 
     def adopt(self, q: QueueTopic) -> None:
@@ -395,7 +400,7 @@ class RedisQueues:
             back = [q.ready.pop() for _ in range(have - target)]
             back.reverse()
             self.settle(q, back, q, True)
-        elif 2 * have < target or (have < room):
+        elif 2 * have < target or have < room:
             if v.length != 0 and not self.down:
                 v.taking = min(target - have, TAKE_MAX)
                 self.broker.background(self._take(q, v))

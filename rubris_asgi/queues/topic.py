@@ -232,12 +232,13 @@ class QueueTopic:
 
     def requeue(self, items: list[QueueItem]) -> None:
         """Put ``items`` back at the head, in their order: they are delivered next."""
-        if items and self.home is not None:
+        if not items:
+            return
+        if self.home is not None:
             self.home.settle(self, items, self, True)  # the next to be taken, by any node
-            self.touch()
-        elif items:
+        else:
             self.ready.extendleft(reversed(items))
-            self.touch()
+        self.touch()
 
     def failed(self, item: QueueItem) -> bool:
         """A delivery of ``item`` ended in NACK or a lost consumer: True when the item goes

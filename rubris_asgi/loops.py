@@ -51,7 +51,10 @@ async def run_scheduler(engine: Engine, wake: asyncio.Event) -> None:
         timeout = None if timer is None else max(0.0, timer - clock())
         if timeout == 0.0:
             sched.idle = False
-            sched.run_cycle()
+            try:
+                sched.run_cycle()
+            except Exception:  # as above: a bug must not silently stop all delivery
+                log.exception("scheduler cycle failed")
             await asyncio.sleep(0)
             continue
         with contextlib.suppress(asyncio.TimeoutError):

@@ -145,6 +145,12 @@ class Scheduler:
         if not s.held:
             s.held = True
             heapq.heappush(self.timers, (s.hold_until, next(self._tie), s))
+            if self.idle:
+                # set between cycles (a blocked write ending): the loop sleeps on the timers
+                # it knew of, perhaps none; it must look again or the session waits for
+                # whatever work comes next
+                self.idle = False
+                self.wake()
 
     def write_started(self) -> int:
         """A transport's write completes later, on the server's threads; returns its slice."""

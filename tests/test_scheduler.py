@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +14,7 @@ from rubris_asgi.buffers import PoolConfig
 from rubris_asgi.config import Config, WriterConfig
 from rubris_asgi.engine import Engine
 from rubris_asgi.errors import MessageTooLarge, QueueFull
+from rubris_asgi.loops import run_scheduler
 from rubris_asgi.protocol import Ack, Gap, Mode, Push, Subscribed
 
 from .enginekit import FakeClock, RecordingSink, connect, pushes
@@ -532,3 +535,36 @@ def test_written_at_once_never_pauses() -> None:
         engine.subscribe(s, t, 1, 0, 0)
         sinks.append(sink)
     assert engine.scheduler.run_cycle() == 10 and not engine.scheduler.paused
+
+
+async def test_a_penalty_set_while_the_loop_sleeps_ends_on_time() -> None:
+    """A blocked write that ends between cycles puts a penalty hold on its session (the
+    WebSocket transport does) while the scheduler's loop sleeps with no timer: the loop must
+    wake for that hold, or the session's waiting messages stay undelivered until some other
+    work happens to come (in tests/test_large.py: until the client timed out)."""
+    engine = Engine()  # the real clock: the loop sleeps in real time
+    wake = asyncio.Event()
+    engine.scheduler.wake = wake.set
+    s, sink = connect(engine, auto=False)  # frames stay "on the wire" until complete()
+    t = engine.topic("t", Mode.RING)
+    engine.subscribe(s, t, 1, 0, 0)
+    loop = asyncio.create_task(run_scheduler(engine, wake))
+    try:
+        engine.publish(t, "a")
+        for _ in range(100):
+            if sink.held:
+                break
+            await asyncio.sleep(0.01)
+        engine.publish(t, "b")  # waits: the session is writing its frame
+        await asyncio.sleep(0.05)  # the loop goes to sleep: nothing it could do
+        engine.scheduler.hold(s, engine.clock() + 0.05)  # the write was slow: a penalty
+        sink.complete()  # then it ends; "b" is due once the penalty is over
+        for _ in range(100):
+            if any("b" in letters(f) for f in sink.messages()):
+                break
+            await asyncio.sleep(0.01)
+        assert [x for f in sink.messages() for x in letters(f)] == ["a", "b"]
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop

@@ -107,6 +107,16 @@ class Dispatcher:
             elif isinstance(msg, Nack):
                 self.engine.nack(s, msg.topic, msg.tag, msg.requeue)
 
+    async def handle_first(self, s: Session, msgs: Iterable[Message]) -> None:
+        """The messages after the HELLO of a connection's first frame. A resumed session's
+        rings were parked when it was taken (``Engine.park_rings``): the client's SUBSCRIBEs
+        here reposition them, and whatever it did not restate goes on once the frame is
+        handled, however it ends."""
+        try:
+            await self.handle(s, msgs)
+        finally:
+            self.engine.unpark(s)
+
     def _payload(self, data: bytes, compressed: bool) -> Any:
         """The JSON value of a client payload (inflated under the limit); None when empty."""
         if compressed:
@@ -134,6 +144,7 @@ class Dispatcher:
         ch, kwargs = found
         try:
             params = self._payload(m.params, m.compressed)
+            last = _last(params) if ch.shared else 0
         except ProtocolError as exc:
             e.reject(s, m.req, exc.code, str(exc))
             return
@@ -166,7 +177,7 @@ class Dispatcher:
                         return
                 if initial is not None:
                     e.publish_first(t, initial)
-                e.subscribe(s, t, m.req, m.epoch, m.since)
+                e.subscribe(s, t, m.req, m.epoch, m.since, last)
             elif ch.mode == Mode.QUEUE:
                 prefetch = _prefetch(params, ch)
                 e.subscribe_queue(s, e.queue_of(m.name, ch, self.registry), m.req, prefetch)
@@ -324,6 +335,17 @@ def _checked_payload(codec: int, payload: bytes) -> bytes:
         except UnicodeDecodeError:
             raise ProtocolError("payload is not valid UTF-8", ErrorCode.PROTOCOL) from None
     return payload
+
+
+def _last(params: Any) -> int:
+    """A late joiner's ``{"last": n}`` (protocol §5): how many of a ring's latest messages it
+    asks for first; 0 when it asks for none. The topic's own handler sees the params too."""
+    if not isinstance(params, dict) or params.get("last") is None:
+        return 0
+    n = params["last"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ProtocolError("last must be an integer of at least 1", ErrorCode.PROTOCOL)
+    return n
 
 
 def _prefetch(params: Any, ch: Channel) -> int | None:

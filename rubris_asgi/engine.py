@@ -54,6 +54,8 @@ from .topics import (
 )
 
 JSON = int(Codec.JSON)
+PARKED = 1 << 62
+"""A ring cursor held while its session resumes: past any head, so nothing is sent."""
 ITEM_HEADER = 48
 """An ITEM's bytes besides its payload, at most: kind, length, topic, tag, attempt."""
 
@@ -153,6 +155,28 @@ class Engine:
                 sub.queue.touch()
         if s.has_work():
             self.scheduler.client_pending(s)
+
+    def park_rings(self, s: Session) -> None:
+        """Hold the ring subscriptions of ``s``, which is being resumed, until ``unpark``.
+
+        The cursors say what the server *wrote*, and what it wrote to a dying connection may
+        never have arrived: the resuming client restates what it holds (SUBSCRIBE with
+        epoch/since after its HELLO), and nothing newer may go out before that replay. A parked
+        cursor is past any head, so the cycle passes it by at no cost to the hot loop.
+        """
+        s.parked = [(sub, sub.cursor) for sub in s.subs.values() if sub.mode == RING]
+        for sub, _ in s.parked:
+            sub.cursor = PARKED
+
+    def unpark(self, s: Session) -> None:
+        """The resuming frame is handled: rings it did not restate go on where they were."""
+        parked, s.parked = s.parked, []
+        for sub, cursor in parked:
+            if sub.cursor == PARKED:
+                sub.cursor = cursor
+                if s.subs.get(sub.number) is sub and sub.has_more():
+                    s.pending[sub] = None
+                    self.scheduler.client_pending(s)
 
     def detach(self, s: Session) -> None:
         """The connection is gone; the session waits for a resume until the timeout."""
@@ -367,12 +391,16 @@ class Engine:
         intake.put_all(entries, publisher)
         return True
 
-    def subscribe(self, s: Session, t: SharedTopic, req: int, epoch: int, since: int) -> Sub:
+    def subscribe(
+        self, s: Session, t: SharedTopic, req: int, epoch: int, since: int, last: int = 0
+    ) -> Sub:
         """Subscribe ``s`` to ``t``: SUBSCRIBED now, then the snapshot or the ring replay.
 
         With ``epoch`` equal to the topic's and ``since`` > 0 a ring replays what it still holds
         after ``since`` (the cycle emits a GAP first for what it lost); ``recovered`` says
-        whether that replay is complete.
+        whether that replay is complete. Without them, ``last`` > 0 starts a ring at its last
+        ``last`` messages (a late joiner). A topic ``s`` already holds is repositioned the same
+        way: that is how a resumed client states where it is (protocol §5, "Resume is exact").
         """
         sub = s.subs.get(t.number)
         if sub is None:
@@ -391,6 +419,8 @@ class Engine:
             if same_epoch:
                 sub.cursor = since + 1
                 recovered = since + 1 >= t.oldest
+            elif last > 0:
+                sub.cursor = max(t.oldest, t.seq - last + 1)
             else:
                 sub.cursor = t.seq + 1
         self.direct(

@@ -71,6 +71,7 @@ class Session:
         "close_code",
         "transport",
         "data",
+        "parked",
         "__weakref__",
     )
 
@@ -116,6 +117,8 @@ class Session:
         """The transport of its latest connection: ``websocket`` or ``longpoll``."""
         self.data: dict[str, Any] = {}
         """Free for the application (e.g. per-session state of handlers)."""
+        self.parked: list[tuple[Sub, int]] = []
+        """Ring subscriptions held, with their cursors, while a resuming frame is handled."""
 
     def has_work(self) -> bool:
         return bool(self.direct) or bool(self.pending)

@@ -84,7 +84,7 @@ class LongPollTransport:
         lp = LongPollSession(self, s)
         self.sessions[s.id] = lp
         gateway.engine.attach(s, lp, ready=False)
-        await gateway.dispatcher.handle(s, msgs[1:])
+        await gateway.dispatcher.handle_first(s, msgs[1:])
         return Answer(200, gateway.welcome(s, resumed))
 
     async def post_frame(self, request: Request) -> Response:

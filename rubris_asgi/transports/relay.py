@@ -151,7 +151,7 @@ class Relays:
         sink = RemoteSink(self, s, str(head["via"]), str(head["conn"]))
         self.homes[s.id] = sink
         gateway.engine.attach(s, sink, ready=False)  # until the WELCOME is written
-        await gateway.dispatcher.handle(s, msgs[1:])
+        await gateway.dispatcher.handle_first(s, msgs[1:])
         return {"status": 200, "sid": s.id}, gateway.welcome(s, True)
 
     def _sink(self, head: Head) -> RemoteSink | None:

@@ -293,7 +293,7 @@ class WebSocketConnection:
         await self.ws.send_bytes(gateway.welcome(s, resumed))
         gateway.engine.attach(s, self)
         self.transport.connections.add(self)
-        await gateway.dispatcher.handle(s, msgs[1:])
+        await gateway.dispatcher.handle_first(s, msgs[1:])
         return True
 
     def _frame_bytes(self, msg: Any) -> bytes:

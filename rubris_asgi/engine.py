@@ -396,8 +396,8 @@ class Engine:
     ) -> Sub:
         """Subscribe ``s`` to ``t``: SUBSCRIBED now, then the snapshot or the ring replay.
 
-        With ``epoch`` equal to the topic's and ``since`` > 0 a ring replays what it still holds
-        after ``since`` (the cycle emits a GAP first for what it lost); ``recovered`` says
+        With ``epoch`` equal to the topic's a ring replays what it still holds after ``since``
+        (0: all of it; the cycle emits a GAP first for what it lost); ``recovered`` says
         whether that replay is complete. Without them, ``last`` > 0 starts a ring at its last
         ``last`` messages (a late joiner). A topic ``s`` already holds is repositioned the same
         way: that is how a resumed client states where it is (protocol §5, "Resume is exact").
@@ -410,7 +410,8 @@ class Engine:
             s.names[t.name] = sub
             t.subs[sub] = None
         recovered = False
-        same_epoch = since > 0 and epoch == t.epoch and since <= t.seq
+        # epoch E with since 0 is a client that holds that numbering but got nothing of it yet
+        same_epoch = epoch != 0 and epoch == t.epoch and since <= t.seq
         if t.mode == SNAPSHOT:
             # conflation is not loss: the latest value is a complete recovery
             sub.cursor = since if same_epoch else 0

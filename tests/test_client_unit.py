@@ -125,6 +125,8 @@ class FakeServer:
         await ws.send(encode_frame([welcome]))
         conn = FakeConn(ws, hello, resumed)
         conn.frames.append(first)
+        for m in decode_frame(first)[1:]:  # what came with HELLO (a resume's ring positions)
+            conn.inbox.put_nowait(m)
         await self.conns.put(conn)
         try:
             async for frame in ws:
@@ -533,6 +535,168 @@ async def test_close_leaves_no_task_behind(server: FakeServer) -> None:
     assert client.state == "closed"
 
 
+async def test_resume_restates_ring_positions_in_the_hello_frame(server: FakeServer) -> None:
+    # protocol.md section 5, "Resume is exact": HELLO with the token, then in the same frame a
+    # SUBSCRIBE per ring topic held (epoch, last seq received); snapshot and private are not
+    client, conn = await connected(server)
+    gaps: list[GapInfo] = []
+    seen: list[int] = []
+    task = asyncio.ensure_future(
+        client.subscribe("r", lambda v, i: seen.append(i.seq), on_gap=gaps.append)
+    )
+    await conn.subscribed("r", topic=2, epoch=7)
+    ring = await task
+    task2 = asyncio.ensure_future(client.subscribe("s"))
+    await conn.subscribed("s", topic=3, mode=Mode.SNAPSHOT, epoch=7)
+    await task2
+    task3 = asyncio.ensure_future(client.subscribe("p"))
+    await conn.subscribed("p", topic=4, mode=Mode.PRIVATE, epoch=1)
+    await task3
+    await conn.send(Push(2, 1, js(1)), Push(2, 2, js(2)), Push(2, 3, js(3)), Push(3, 1, js("s")))
+    await eventually(lambda: seen == [1, 2, 3])
+    await conn.ws.close()
+
+    conn2 = await server.next_conn()
+    first = decode_frame(conn2.frames[0])
+    assert first[0] == Hello(1, "tok-1") and conn2.resumed
+    restated = first[1:]
+    assert len(restated) == 1 and isinstance(restated[0], Subscribe)
+    r = restated[0]
+    assert (r.name, r.epoch, r.since, r.params) == ("r", 7, 3, b"")
+    assert r.req in client._sub_reqs
+    await client.wait_connected(timeout=WAIT)
+    # the answer to the repositioning: same topic, then a GAP for what the ring lost, the
+    # replay (3 again: a duplicate the client drops), and what is newer
+    await conn2.send(
+        Subscribed(r.req, 2, Mode.RING, 0, 7, 6, False, "r"),
+        Gap(2, 4, 1),
+        Push(2, 3, js(3)),
+        Push(2, 5, js(5)),
+        Push(2, 6, js(6)),
+    )
+    await eventually(lambda: seen[-1:] == [6])
+    assert seen == [1, 2, 3, 5, 6]
+    assert gaps == [GapInfo("r", 4, 1)]
+    assert (ring.topic, ring.recovered, ring.head, ring.last_seq) == (2, False, 6, 6)
+    assert ring.active and client.stats.duplicates == 1
+    assert r.req not in client._sub_reqs
+    # no second SUBSCRIBE of anything follows
+    await conn2.send(Push(2, 7, js(7)))
+    await eventually(lambda: seen[-1:] == [7])
+    later = [m for f in conn2.frames[1:] for m in decode_frame(f)]
+    assert not any(isinstance(m, Subscribe) for m in later)
+    await client.close()
+
+
+async def test_resume_restatement_after_an_unsubscribe_in_between(server: FakeServer) -> None:
+    # an unsubscribe while the restated SUBSCRIBE waits for its answer sends UNSUBSCRIBE once
+    client, conn = await connected(server)
+    task = asyncio.ensure_future(client.subscribe("r"))
+    await conn.subscribed("r", topic=2, epoch=7)
+    ring = await task
+    await conn.send(Push(2, 1, js(1)))
+    await eventually(lambda: ring.last_seq == 1)
+    await conn.ws.close()
+    conn2 = await server.next_conn()
+    r = await conn2.expect(Subscribe)
+    assert (r.epoch, r.since) == (7, 1)
+    await client.wait_connected(timeout=WAIT)
+    done = asyncio.ensure_future(client.unsubscribe(ring))
+    assert await conn2.expect(Unsubscribe) == Unsubscribe(2)
+    await conn2.send(Subscribed(r.req, 2, Mode.RING, 0, 7, 1, True, "r"), Unsubscribed(2, 0, ""))
+    await asyncio.wait_for(done, WAIT)
+    assert ring.ended
+    await asyncio.sleep(0.05)
+    assert conn2.inbox.empty()  # no second UNSUBSCRIBE
+    await client.close()
+
+
+async def test_resume_of_a_ring_with_a_new_epoch_starts_after_head(server: FakeServer) -> None:
+    client, conn = await connected(server)
+    task = asyncio.ensure_future(client.subscribe("r"))
+    await conn.subscribed("r", topic=2, epoch=7)
+    ring = await task
+    await conn.send(Push(2, 1, js(1)), Push(2, 2, js(2)))
+    await eventually(lambda: ring.qsize() == 2)
+    await conn.ws.close()
+    conn2 = await server.next_conn()
+    r = await conn2.expect(Subscribe)
+    await conn2.send(Subscribed(r.req, 2, Mode.RING, 0, 8, 40, False, "r"), Push(2, 41, js(41)))
+    await eventually(lambda: ring.qsize() == 3)
+    assert [(await ring.get())[0] for _ in range(3)] == [1, 2, 41]
+    assert (ring.epoch, ring.recovered, ring.last_seq) == (8, False, 41)
+    await client.close()
+
+
+async def test_a_gap_never_names_what_was_received(server: FakeServer) -> None:
+    client, conn = await connected(server)
+    gaps: list[GapInfo] = []
+    task = asyncio.ensure_future(client.subscribe("r", on_gap=gaps.append))
+    await conn.subscribed("r", topic=2)
+    sub = await task
+    await conn.send(Push(2, 1, js(1)), Push(2, 2, js(2)), Push(2, 3, js(3)))
+    await conn.send(Gap(2, 2, 2), Gap(2, 3, 3), Push(2, 6, js(6)))
+    await eventually(lambda: sub.qsize() == 4)
+    assert gaps == [GapInfo("r", 4, 2)] == sub.gaps
+    assert sub.last_seq == 6
+    await client.close()
+
+
+async def test_late_joiner_asks_for_last_on_the_first_subscribe_only(server: FakeServer) -> None:
+    client, conn = await connected(server)
+    with pytest.raises(ValueError):
+        await client.subscribe("r", last=0)
+    with pytest.raises(ValueError):
+        await client.subscribe("r", last=True)
+    with pytest.raises(TypeError):
+        await client.subscribe("r", params=[1], last=3)
+    task = asyncio.ensure_future(client.subscribe("r", params={"a": 1}, last=5))
+    s = await conn.expect(Subscribe)
+    assert (s.name, s.epoch, s.since) == ("r", 0, 0)
+    assert orjson.loads(s.params) == {"a": 1, "last": 5}
+    # the ring holds 8..10 only: it replays those (fewer than asked)
+    await conn.send(Subscribed(s.req, 2, Mode.RING, 0, 7, 10, False, "r"))
+    ring = await task
+    assert ring.last_seq == 5  # head - last: a resume now would state 5
+    await conn.send(Push(2, 8, js(8)), Push(2, 9, js(9)), Push(2, 10, js(10)), Push(2, 11, js(11)))
+    assert [(await ring.get(timeout=WAIT))[0] for _ in range(4)] == [8, 9, 10, 11]
+    task2 = asyncio.ensure_future(client.subscribe("q", last=2))
+    s2 = await conn.expect(Subscribe)
+    assert orjson.loads(s2.params) == {"last": 2}
+    await conn.send(Subscribed(s2.req, 3, Mode.RING, 0, 7, 0, False, "q"))
+    q = await task2
+    assert q.last_seq == 0
+
+    # a new session: the re-subscribe goes on from epoch/since, without `last`
+    server.resume_ok = False
+    await conn.ws.close()
+    conn2 = await server.next_conn()
+    again = sorted(
+        [m for m in decode_frame(conn2.frames[0])[1:] if isinstance(m, Subscribe)],
+        key=lambda m: m.name,
+    )
+    assert [(m.name, m.epoch, m.since) for m in again] == [("q", 7, 0), ("r", 7, 11)]
+    assert orjson.loads(again[1].params) == {"a": 1}
+    assert again[0].params == b""
+    await client.close()
+
+
+async def test_last_is_asked_again_when_the_first_answer_never_came(server: FakeServer) -> None:
+    client, conn = await connected(server)
+    task = asyncio.ensure_future(client.subscribe("r", last=3))
+    s = await conn.expect(Subscribe)
+    assert orjson.loads(s.params) == {"last": 3}
+    server.resume_ok = False
+    await conn.ws.close()
+    conn2 = await server.next_conn()
+    s2 = await conn2.expect(Subscribe)
+    assert (s2.name, s2.epoch, s2.since, orjson.loads(s2.params)) == ("r", 0, 0, {"last": 3})
+    await conn2.send(Subscribed(s2.req, 5, Mode.RING, 0, 7, 9, False, "r"))
+    ring = await asyncio.wait_for(task, WAIT)
+    assert ring.last_seq == 6
+    await client.close()
+
+
 # --------------------------------------------------------------------------- long-poll fake
 
 
@@ -543,6 +707,7 @@ class FakeLongPoll:
         self.frames: list[bytes] = []  # frame n is frames[n-1]
         self.acks: list[int] = []
         self.hellos: list[Hello] = []
+        self.with_hello: list[list[Message]] = []  # what each HELLO's frame carried after it
         self.posted: list[Message] = []
         self.lose: set[int] = set()  # frame numbers whose first response is lost
         self.empty_polls = 0  # answer this many polls with 204 first
@@ -557,9 +722,10 @@ class FakeLongPoll:
     async def handler(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if request.method == "POST" and path == "/rubris/lp":
-            hello = decode_frame(request.content)[0]
+            hello, *with_hello = decode_frame(request.content)
             assert isinstance(hello, Hello)
             self.hellos.append(hello)
+            self.with_hello.append(with_hello)
             self.frames = []  # frames are numbered per long-poll session
             resumed = hello.resume == self.token
             body = encode_frame([Welcome("lp1", self.token, 25_000, 1 << 20, resumed)])
@@ -669,4 +835,30 @@ async def test_longpoll_superseded_stops() -> None:
     await client.connect()
     await eventually(lambda: client.state == "closed")
     assert client.error is not None
+    await client.close()
+
+
+async def test_longpoll_resume_restates_ring_positions() -> None:
+    # a long-poll session that says HELLO again (its poll got 404) restates its rings the same way
+    fake = FakeLongPoll()
+    client = Client(
+        "http://rubris.test/rubris",
+        transport="longpoll",
+        http_transport=httpx.MockTransport(fake.handler),
+        backoff=(0.01, 0.05),
+    )
+    await client.connect()
+    sub = await asyncio.wait_for(client.subscribe("t"), WAIT)  # ring, epoch 3, head 0
+    fake.queue(Push(1, 1, js("a")), Push(1, 2, js("b")))
+    assert [(await sub.get(timeout=WAIT))[0] for _ in range(2)] == ["a", "b"]
+    fake.gone_once = True
+    await eventually(lambda: len(fake.hellos) == 2)
+    assert fake.hellos[1] == Hello(1, "lp-tok") and fake.with_hello[0] == []
+    (r,) = fake.with_hello[1]
+    assert isinstance(r, Subscribe) and (r.name, r.epoch, r.since) == ("t", 3, 2)
+    await client.wait_connected(timeout=WAIT)
+    fake.queue(Subscribed(r.req, 1, Mode.RING, 0, 3, 3, True, "t"), Push(1, 2, js("b")))
+    fake.queue(Push(1, 3, js("c")))
+    assert (await sub.get(timeout=WAIT))[0] == "c"
+    assert sub.recovered and client.stats.duplicates == 1
     await client.close()

@@ -734,12 +734,13 @@ function startWorkQueue() {
 // trades. The page follows the selected symbol's topic (one subscription at a time, like the
 // book), keeps its bars keyed by window start (the latest write wins) and draws the newest
 // CANDLES of them by hand as SVG: wicks high–low, bodies open–close, VWAP dots, a price axis and
-// the last close. A ring subscription starts at the next message, so a symbol just selected has
-// no bars until the job writes one.
+// the last close. The subscription asks for the ring's last BARS_REPLAY messages (a late joiner,
+// `last`), so a symbol just selected shows at once the bars the ring holds, then the new ones.
 
 const CANDLES = 40; // drawn at most
 const MIN_SLOTS = 20; // fewer bars are drawn wider, the newest at the right edge
 const BARS_KEPT = 120; // per symbol, late windows included
+const BARS_REPLAY = 256; // all the ring bars.{symbol} keeps (app.py): a window is written many times
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 const pipelinePanel = $("pipeline");
@@ -772,9 +773,11 @@ function followBars(symbol) {
   Object.assign(bars, { symbol, byStart: new Map(), updates: 0, lastAt: 0, latencyMs: null });
   pipelinePanel.dataset.symbol = symbol;
   $("bars-symbol").textContent = symbol;
-  const sub = client.subscribe(`bars.${symbol}`, (bar) => {
-    if (sub === bars.sub) onBar(bar); // else a late message of the previous symbol
+  const sub = client.subscribe(`bars.${symbol}`, (bar, meta) => {
+    // else a late message of the previous symbol; seq <= head: one the ring held (the replay)
+    if (sub === bars.sub) onBar(bar, meta.seq <= (sub.info?.head ?? 0));
   }, {
+    last: BARS_REPLAY,
     onError: (err) => notice(`Bars of ${symbol} unavailable: ${err.reason || err.code}`, "warn"),
   });
   bars.sub = sub;
@@ -783,17 +786,23 @@ function followBars(symbol) {
   schedulePaint();
 }
 
-function onBar(b) {
+function onBar(b, replayed = false) {
   if (!b || typeof b !== "object" || b.symbol !== bars.symbol) return;
   if (![b.start, b.end, b.open, b.high, b.low, b.close].every(isNum)) return;
   bars.byStart.set(b.start, b);
   if (bars.byStart.size > BARS_KEPT) bars.byStart.delete(Math.min(...bars.byStart.keys()));
   bars.updates++;
-  bars.lastAt = Date.now();
   bars.windowMs = b.end - b.start;
   bars.everSeen = true;
-  // the same clock only when page and pipeline run on one machine, as in the demo
-  if (isNum(b.last_ts)) bars.latencyMs = Math.max(0, bars.lastAt - b.last_ts);
+  if (replayed) {
+    // written before this tab asked: "live" is judged by when its trades happened, and the
+    // time it waited in the ring is no latency
+    bars.lastAt = Math.max(bars.lastAt, isNum(b.last_ts) ? b.last_ts : b.end);
+  } else {
+    bars.lastAt = Date.now();
+    // the same clock only when page and pipeline run on one machine, as in the demo
+    if (isNum(b.last_ts)) bars.latencyMs = Math.max(0, bars.lastAt - b.last_ts);
+  }
   paintBarsLive();
   barsDirty = true;
   schedulePaint();
@@ -987,8 +996,11 @@ function paintLegend(b, change) {
 // "open"} when it opens, then {batch, state, total, done, failed, completed, rows} once the
 // driver sealed it. A batch this tab has not shown yet is followed with watchBatch() until it is
 // complete: its bar fills as whoever works the queue ACKs the jobs. The newest three are shown.
+// The subscription asks for the ring's last announcements (`last`: two per batch shown), so a
+// tab opened after a batch was announced shows it too.
 
 const PIPELINE_BATCHES = 3;
+const ANNOUNCEMENTS_REPLAY = 2 * PIPELINE_BATCHES; // open and sealed of each batch shown
 const STATE_RANK = { open: 0, sealed: 1, complete: 2, expired: 2, error: 2 };
 const plList = $("pl-batches");
 const plBatches = new Map(); // batch id → shown batch, oldest first
@@ -1008,12 +1020,12 @@ function mergeBatch(b, s) {
   if (isNum(s.rows)) b.rows = s.rows;
 }
 
-function onPipelineBatch(a) {
+function onPipelineBatch(a, replayed = false) {
   if (!a || typeof a !== "object" || typeof a.batch !== "string" || !a.batch) return;
   let b = plBatches.get(a.batch);
   if (!b) {
     if (plSeen.has(a.batch)) return;
-    b = showPipelineBatch(a.batch);
+    b = showPipelineBatch(a.batch, replayed);
   }
   const before = b.state;
   mergeBatch(b, a);
@@ -1021,7 +1033,7 @@ function onPipelineBatch(a) {
   paintPipelineBatch(b);
 }
 
-function showPipelineBatch(id) {
+function showPipelineBatch(id, replayed = false) {
   const short = id.length > 10 ? `${id.slice(0, 8)}…` : id;
   const li = el("li", "pl-batch");
   li.dataset.batch = id;
@@ -1055,7 +1067,7 @@ function showPipelineBatch(id) {
     old.li.remove();
     plBatches.delete(oldId);
   }
-  srAnnounce(`Catalog batch ${short} opened by the Spark pipeline`);
+  if (!replayed) srAnnounce(`Catalog batch ${short} opened by the Spark pipeline`); // not old news
   client.watchBatch(id, (s) => {
     if (b.dropped) return;
     mergeBatch(b, s);
@@ -1118,7 +1130,9 @@ function paintPipelineBatch(b) {
 }
 
 function startPipeline() {
-  client.subscribe("pipeline.batches", onPipelineBatch);
+  const sub = client.subscribe("pipeline.batches", (a, meta) => {
+    onPipelineBatch(a, meta.seq <= (sub.info?.head ?? 0)); // seq <= head: the ring's replay
+  }, { last: ANNOUNCEMENTS_REPLAY });
 }
 
 // ---- status bar ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ Example (against a running server)::
 The API, on :class:`Client`::
 
     await client.connect() / close()      or   async with Client(url) as client: ...
-    sub = await client.subscribe(name, callback=None, *, params=None, on_gap=None)
+    sub = await client.subscribe(name, callback=None, *, params=None, on_gap=None, last=None)
     await client.unsubscribe(sub)
     consumer = await client.consume(name, handler=None, *, prefetch=None,
                                     codel_target=0.020, codel_interval=0.100)
@@ -51,10 +51,15 @@ HELLO and waits for WELCOME; then, per connection, one reader task (frames stric
 on long-poll the reader *is* the poll loop), one writer task (client frames in order; on
 long-poll one POST at a time, its 202 awaited), an ACK timer and, on WebSocket, a heartbeat.
 When the connection drops the supervisor reconnects with exponential backoff and resumes the
-session with the token of the last WELCOME; when the server could not resume it, every live
-subscription and consumer is subscribed again (ring and snapshot topics with ``epoch``/``since``,
-so a ring replays what the client missed; consumers with the same ``prefetch``) and the calls in
-flight fail with :class:`ConnectionLost`. Queue items held when a connection drops are the
+session with the token of the last WELCOME, stating in the HELLO's frame where each ring topic
+stands (a SUBSCRIBE with its ``epoch`` and ``last_seq``: protocol.md section 5, "Resume is
+exact"), so the server replays what never reached the client, a GAP first for what its ring
+lost, and a ring message is never delivered twice. When the server could not resume it, those
+SUBSCRIBEs are the new session's ring subscriptions, every other live subscription and consumer
+is subscribed again (snapshot topics with ``epoch``/``since``; consumers with the same
+``prefetch``) and the calls in flight fail with :class:`ConnectionLost`. ``subscribe(...,
+last=n)`` asks a ring topic for its last n messages first (a late joiner), on the first
+SUBSCRIBE only. Queue items held when a connection drops are the
 server's again, resumed or not: a consumer's buffer is emptied then.
 :meth:`Client.close` cancels every task the client started and waits for them.
 

@@ -144,6 +144,7 @@ class Client(_Supervisor, _ServerMessages):
         self._subs: dict[_Topic, None] = {}  # live subscriptions and consumers, in order
         self._topics: dict[int, _Topic] = {}
         self._sub_reqs: dict[int, _Topic] = {}
+        self._restating: dict[int, _Topic] = {}  # SUBSCRIBEs of the last resuming HELLO frame
         self._settler = _Settler(self._control)  # queue ACKs and NACKs; numbers connections
         self._workers: set[asyncio.Task[None]] = set()  # consumers' handler tasks
         self._pub_reqs: OrderedDict[int, str] = OrderedDict()
@@ -241,20 +242,46 @@ class Client(_Supervisor, _ServerMessages):
         *,
         params: Any = None,
         on_gap: Callable[[GapInfo], Any] | None = None,
+        last: int | None = None,
     ) -> Subscription:
         """Subscribe to ``name`` and wait for SUBSCRIBED.
 
         ``callback(value, info)`` may be sync or async; it runs in the reader, in order. Without
         one, iterate the returned :class:`Subscription`. ``params`` is sent as JSON.
 
+        ``last=n`` (a late joiner, protocol.md section 5): on a ring topic the server first
+        delivers the last ``n`` messages its ring holds (all of them if it holds fewer), oldest
+        first, then the new ones. It is sent as ``{"last": n}`` merged into ``params`` (which
+        must then be a dict, or None), and only until the first SUBSCRIBED: a later
+        re-subscribe (a new session after a reconnect) goes on from the last seq received
+        instead. A snapshot topic ignores it (its value comes anyway); on a private topic the
+        application's subscribe handler sees it among its params.
+
+        On a resumed session the client restates where each ring topic stands (SUBSCRIBE with
+        ``epoch`` and ``last_seq``, in the frame of the resuming HELLO); the server replays
+        what it still holds after that, with a GAP first (to ``on_gap``) for what it lost.
+        Nothing is delivered twice: a ring message at or below ``last_seq`` is dropped.
+
         Raises:
             SubscribeRejected: the server refused.
             RubrisError: this client already holds a subscription to ``name``.
             ConnectionLost: the client closed first.
+            ValueError: ``last`` is not an integer of at least 1.
+            TypeError: ``last`` with ``params`` that are not a dict (a JSON object).
         """
+        first: bytes | None = None
+        n = 0
+        if last is not None:
+            if isinstance(last, bool) or not isinstance(last, int) or last < 1:
+                raise ValueError(f"last must be an integer of at least 1, got {last!r}")
+            if params is not None and not isinstance(params, dict):
+                kind = type(params).__name__
+                raise TypeError(f"last needs params that are a JSON object (a dict), got {kind}")
+            n = last
+            first = orjson.dumps({**(params or {}), "last": last})
         self._check_free(name)
         body = b"" if params is None else orjson.dumps(params)
-        sub = Subscription(self.stats, name, callback, body, on_gap)
+        sub = Subscription(self.stats, name, callback, body, on_gap, n, first)
         await self._subscribe(sub)
         return sub
 
@@ -336,7 +363,7 @@ class Client(_Supervisor, _ServerMessages):
         self._subs[sub] = None
         self._sub_reqs[req] = sub
         try:
-            await self._send(Subscribe(req, sub.name, 0, 0, sub._params))
+            await self._send(Subscribe(req, sub.name, 0, 0, sub._subscribe_params()))
             await fut
         except BaseException:
             sub._pending = None

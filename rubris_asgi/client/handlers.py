@@ -134,6 +134,11 @@ class _ServerMessages:
         if private and m.seq <= sub.last_seq:
             sub._ack_due = True  # a replay after resume: ours already, but say so again
             return
+        if sub.mode == Mode.RING and m.seq <= sub.last_seq:
+            # a ring replays from the position we stated (or asked for twice): ours already;
+            # delivering it again, or after something newer, would break the order
+            self.stats.duplicates += 1
+            return
         payload = self._inflate(m.payload, m.compressed)
         value = _decode(sub.codec, payload, sub.name)
         sub.last_seq = max(sub.last_seq, m.seq)
@@ -212,10 +217,26 @@ class _ServerMessages:
         if (m.mode == Mode.QUEUE) != isinstance(sub, Consumer):
             self._wrong_kind(sub, m)
             return
+        # Already active: the answer to a ring position restated by a resumed session (or to a
+        # SUBSCRIBE sent twice). It is the same subscription, moved to the position we stated:
+        # the fields below take its news (``recovered``: nothing lost since ``last_seq``).
+        was_active = sub.active
+        late = 0  # the late joiner's n, if this answers the SUBSCRIBE that asked for it
+        if sub._first_params is not None:
+            sub._first_params = None  # asked once: a re-subscribe goes on from epoch/since
+            if isinstance(sub, Subscription):
+                late = sub._last
         if isinstance(sub, Subscription) and m.epoch != sub.epoch:
-            # a new numbering: nothing held so far compares with it
-            sub.last_seq = m.head if m.mode == Mode.RING else 0
+            # a new numbering: nothing held so far compares with it. The ring starts after
+            # head (or, for a late joiner, after the n it replays), which is what the client
+            # then holds: a resume right away states that position
+            if m.mode == Mode.RING:
+                sub.last_seq = max(0, m.head - late)
+            else:
+                sub.last_seq = 0
             sub._acked = sub._unacked = 0
+        if sub.topic and sub.topic != m.topic and self._topics.get(sub.topic) is sub:
+            del self._topics[sub.topic]  # not expected (numbers stay), but never two numbers
         sub.topic = m.topic
         sub.mode = m.mode
         sub.codec = m.codec
@@ -223,7 +244,8 @@ class _ServerMessages:
         sub.head = m.head
         sub.recovered = m.recovered
         self._topics[m.topic] = sub
-        if not sub._wanted:
+        if not sub._wanted and not was_active:
+            # (an active one was unsubscribed with its number: that UNSUBSCRIBE is on its way)
             self._control(Unsubscribe(m.topic))
         sub.active = True
         fut, sub._pending = sub._pending, None
@@ -280,12 +302,20 @@ class _ServerMessages:
         sub = self._topics.get(m.topic)
         if not isinstance(sub, Subscription):
             return
-        info = GapInfo(sub.name, m.start, m.count)
+        start, count = m.start, m.count
+        if sub.mode == Mode.RING and count and start <= sub.last_seq:
+            # what we received is not lost: a GAP reaches back only past a stated position by
+            # mistake, and "exactly once or inside a GAP" must hold for what the app sees
+            end = start + count - 1
+            if end <= sub.last_seq:
+                return
+            start, count = sub.last_seq + 1, end - sub.last_seq
+        info = GapInfo(sub.name, start, count)
         sub.gaps.append(info)
         if len(sub.gaps) > GAPS_KEPT:
             del sub.gaps[: len(sub.gaps) - GAPS_KEPT]
         self.stats.gaps += 1
-        if m.count:
-            sub.last_seq = max(sub.last_seq, m.start + m.count - 1)
+        if count:
+            sub.last_seq = max(sub.last_seq, start + count - 1)
         if sub._on_gap is not None:
             await _invoke(sub._on_gap, info, what=f"on_gap of {sub.name!r}")

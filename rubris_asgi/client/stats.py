@@ -15,7 +15,8 @@ class ClientStats:
     discarded; ``goodbye`` is the last GOODBYE as ``(code, reason)``; ``reconnects`` counts
     WELCOMEs after the first; ``flow`` is the fill of the last FLOW (0 before any);
     ``restarted`` counts subscriptions taken again because their topic's numbering restarted
-    (UNSUBSCRIBED 11).
+    (UNSUBSCRIBED 11); ``duplicates`` counts ring messages dropped because the client already
+    had them (a replay from a position restated after a resume).
 
     Queue topics (every consumer together; :class:`ConsumerStats` has them one by one):
     ``items`` counts ITEMs received; ``codel_returned`` the items client-side CoDel gave back
@@ -34,6 +35,7 @@ class ClientStats:
     rejected: int = 0
     reconnects: int = 0
     restarted: int = 0
+    duplicates: int = 0
     flow: int = 0
     goodbye: tuple[int, str] | None = None
     items: int = 0

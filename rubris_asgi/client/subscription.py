@@ -62,7 +62,10 @@ class _Topic:
         self.end_code: int | None = None
         self.end_reason = ""
         self._stats = stats  # the client's: counts go there, and it says whose this is
-        self._params = params
+        self._params = params  # what every re-SUBSCRIBE carries
+        # what SUBSCRIBE carries until the first SUBSCRIBED (params with ``last`` merged in): a
+        # late joiner asks for history once; a re-subscribe goes on from epoch/since instead
+        self._first_params: bytes | None = None
         self._wake = asyncio.Event()
         self._ended: BaseException | None = None
         self._wanted = True  # False once unsubscribe() (or a cancelled subscribe()) asked
@@ -72,6 +75,10 @@ class _Topic:
     @property
     def ended(self) -> bool:
         return self._ended is not None
+
+    def _subscribe_params(self) -> bytes:
+        """The params of the next SUBSCRIBE (``last`` only while never answered)."""
+        return self._params if self._first_params is None else self._first_params
 
     def _end(self, exc: BaseException) -> None:
         if self._ended is None:
@@ -93,10 +100,12 @@ class Subscription(_Topic):
     """One subscribed topic. Without a callback it is an async iterator of ``(value, PushInfo)``.
 
     The attributes mirror the latest SUBSCRIBED (``topic``, ``mode``, ``codec``, ``epoch``,
-    ``head``, ``recovered``) and are updated in place when a reconnect subscribes again;
-    ``last_seq`` is the latest sequence number received, ``gaps`` the GAPs seen (latest
-    :data:`GAPS_KEPT`). Iteration ends when the subscription ends (``end_code``/``end_reason``
-    say how); it raises :class:`ConnectionLost` when the client lost its connection for good.
+    ``head``, ``recovered``) and are updated in place when a reconnect subscribes again, and
+    when a resumed session restates a ring topic's position (``recovered`` then says whether
+    the server still held everything after ``last_seq``); ``last_seq`` is the latest sequence
+    number received (or named by a GAP), ``gaps`` the GAPs seen (latest :data:`GAPS_KEPT`).
+    Iteration ends when the subscription ends (``end_code``/``end_reason`` say how); it raises
+    :class:`ConnectionLost` when the client lost its connection for good.
 
     >>> async def show(sub: Subscription) -> None:  # doctest: +SKIP
     ...     value, info = await sub.get(timeout=5)
@@ -111,8 +120,12 @@ class Subscription(_Topic):
         callback: Callable[[Any, PushInfo], Any] | None,
         params: bytes,
         on_gap: Callable[[GapInfo], Any] | None,
+        last: int = 0,
+        first_params: bytes | None = None,
     ) -> None:
         super().__init__(stats, name, params)
+        self._first_params = first_params
+        self._last = last  # the late joiner's n (protocol.md section 5), 0 when not asked
         self.last_seq = 0
         self.gaps: list[GapInfo] = []
         self._callback = callback

@@ -91,6 +91,7 @@ class _Supervisor:
     _subs: dict[_Topic, None]
     _topics: dict[int, _Topic]
     _sub_reqs: dict[int, _Topic]
+    _restating: dict[int, _Topic]
     _settler: _Settler
     _calls: dict[int, asyncio.Future[Any]]
     _streams: dict[int, _StreamBox]
@@ -117,8 +118,40 @@ class _Supervisor:
             )
         return _LongPollLink(self._lp_url, self._http, self.backoff, self.open_timeout)
 
+    def _hello_frame(self) -> bytes:
+        """HELLO, and when it resumes, a SUBSCRIBE per ring topic held, in the same frame.
+
+        A resumed session's ring topics go on from what the client holds, not from what the
+        server wrote to the lost connection (protocol.md section 5, "Resume is exact"): the
+        server answers each SUBSCRIBE with SUBSCRIBED (``recovered``) and replays from
+        ``last_seq + 1``, a GAP first for what its ring lost, before anything newer. In the
+        HELLO's frame, because the server holds the session's rings back only until that frame
+        has been handled. Should the server start a new session instead, these SUBSCRIBEs are
+        its re-subscriptions (:meth:`_restart_session` does not repeat them). Snapshot, private
+        and queue topics are not restated: the server keeps their state itself.
+        """
+        for req in self._restating:  # an earlier attempt's, never answered on a live connection
+            self._sub_reqs.pop(req, None)
+        self._restating = {}
+        data = [encode(Hello(VERSION, self._token))]
+        if not self._token:
+            return data[0]
+        for sub in self._subs:
+            if (
+                isinstance(sub, Subscription)
+                and sub.mode == Mode.RING
+                and sub.active
+                and sub._wanted
+                and sub.epoch
+            ):
+                req = next(self._reqs)
+                self._sub_reqs[req] = sub
+                self._restating[req] = sub
+                data.append(encode(Subscribe(req, sub.name, sub.epoch, sub.last_seq, sub._params)))
+        return b"".join(data)
+
     async def _handshake(self, link: _Link) -> tuple[Welcome, list[Message]]:
-        frame = await link.open(encode(Hello(VERSION, self._token)))
+        frame = await link.open(self._hello_frame())
         self._account(frame)
         msgs = decode_frame(frame)
         self.stats.messages += len(msgs)
@@ -216,10 +249,16 @@ class _Supervisor:
             box.finish(_lost(why))
         self._topics.clear()
         self._sub_reqs.clear()
+        # the rings restated in the HELLO's frame are the new session's subscriptions already
+        restated = set(self._restating.values())
+        self._sub_reqs.update(self._restating)
         self._outbox.discard((Subscribe, Unsubscribe, Ack, Nack))
         again: list[tuple[ClientMessage, bytes]] = []
         for sub in list(self._subs):
             sub.active = False
+            if sub in restated:
+                # its SUBSCRIBED will come; unwanted by then, it is answered with UNSUBSCRIBE
+                continue
             if not sub._wanted:
                 self._subs.pop(sub, None)
                 sub._end(SubscriptionEnded(0, "unsubscribed"))
@@ -235,7 +274,7 @@ class _Supervisor:
             # what it held when the connection was lost, and _connection_lost emptied its buffer
             req = next(self._reqs)
             self._sub_reqs[req] = sub
-            msg = Subscribe(req, sub.name, epoch, since, sub._params)
+            msg = Subscribe(req, sub.name, epoch, since, sub._subscribe_params())
             again.append((msg, encode(msg)))
         self._outbox.push_front(again)
 

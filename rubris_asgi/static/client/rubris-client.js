@@ -113,6 +113,7 @@ export class RubrisClient {
     this._wires = new Map(); // key → WireSubscription the app holds
     this._byTopic = new Map(); // topic number → WireSubscription (active)
     this._byReq = new Map(); // SUBSCRIBE req → WireSubscription
+    this._restating = new Map(); // req → WireSubscription: rings restated by the last resuming HELLO
     this._unsubPending = new Set(); // topics we UNSUBSCRIBEd; their UNSUBSCRIBED(code 0) is expected
     this._calls = new Map(); // call id → call record
 

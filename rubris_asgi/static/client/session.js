@@ -3,7 +3,7 @@
 // heartbeats and PING, the frame dispatch to the other concerns, page hooks, and the final
 // shutdown. Methods of RubrisClient (installed by rubris-client.js).
 
-import { ErrorCode, Kind, Mode, SUBPROTOCOL, decodeFrame, encode } from "./codec.js";
+import { ErrorCode, Kind, Mode, SUBPROTOCOL, decodeFrame, encode, joinFrames } from "./codec.js";
 import { LongPollConnection } from "./longpoll.js";
 import { backoffDelay, now } from "./util.js";
 import { RubrisError } from "./values.js";
@@ -45,7 +45,38 @@ export const sessionMethods = {
         }
       }, this._opts.wsOpenTimeoutMs);
     }
-    conn.start(encode.hello(this._resume));
+    conn.start(this._helloFrame());
+  },
+
+  /**
+   * HELLO, and when it resumes, a SUBSCRIBE per ring topic held, in the same frame (§5 "Resume
+   * is exact"): a resumed session's rings go on from what this client holds (its epoch and last
+   * seq), not from what the server wrote to the lost connection. The server answers each with
+   * SUBSCRIBED (`recovered`) and replays, a GAP first for what its ring lost, before anything
+   * newer. In HELLO's frame because the server holds the rings back only until that frame is
+   * handled. If the server starts a new session instead, these are its re-subscriptions
+   * (_newSession keeps them). Snapshot, private and queue topics are not restated: the server
+   * keeps their state itself.
+   */
+  _helloFrame() {
+    for (const [req, wire] of this._restating) {
+      // An earlier attempt's, never answered on a live connection.
+      if (this._byReq.get(req) === wire) this._byReq.delete(req);
+      wire.reqs.delete(req);
+    }
+    this._restating.clear();
+    const hello = encode.hello(this._resume);
+    if (this._resume === "") return hello;
+    const parts = [hello];
+    for (const wire of this._wires.values()) {
+      if (wire.state !== "active" || wire.mode !== Mode.RING || wire.epoch === null) continue;
+      const req = this._nextReq++;
+      wire.reqs.add(req);
+      this._byReq.set(req, wire);
+      this._restating.set(req, wire);
+      parts.push(encode.subscribe(req, wire.name, wire.epoch, wire.lastSeq, wire.wireParams, wire.wireCompressed));
+    }
+    return joinFrames(parts);
   },
 
   _dropConn(conn, info) {
@@ -259,7 +290,8 @@ export const sessionMethods = {
         this._wires.delete(wire.key);
       } else {
         // The SUBSCRIBE may have died with the connection: ask again. If both answers come,
-        // the second one is ignored (_onSubscribed).
+        // the second is taken as a repositioning (_onRepositioned); the duplicate filter drops
+        // what it replays again.
         wire.state = "unsent";
       }
     }
@@ -290,9 +322,20 @@ export const sessionMethods = {
       wire.state = "unsent";
       wire.topic = null;
       wire.reqs.clear();
+      wire.asked.clear();
       // A new session has new private and queue state; ring and snapshot numbering belongs to
       // the topic and survives (that is what epoch + since recover).
       if (wire.mode === Mode.PRIVATE || wire.mode === Mode.QUEUE) wire.resetNumbering();
+    }
+    // The rings restated in HELLO's frame reached the new session as SUBSCRIBEs with epoch and
+    // since: they are its re-subscriptions, answered like any other (a wire let go meanwhile is
+    // closed, and _onSubscribed gives its topic back).
+    for (const [req, wire] of this._restating) {
+      this._byReq.set(req, wire);
+      if (wire.state === "unsent") {
+        wire.state = "pending";
+        wire.reqs.add(req);
+      }
     }
     this._outbox = this._outbox.filter((e) => e.keep === "always");
   },
@@ -347,6 +390,7 @@ export const sessionMethods = {
     this._wires.clear();
     this._byTopic.clear();
     this._byReq.clear();
+    this._restating.clear();
     if (err) this._emit("error", { code: err.code, message: err.message });
     this._emit("state", { state: "closed", transport: this.transport, resumed: this.resumed });
   },

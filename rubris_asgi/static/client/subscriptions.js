@@ -18,10 +18,11 @@ const COMPRESS_MIN = 64;
  * the same topic in one session apart.
  */
 class WireSubscription {
-  constructor(key, name, params) {
+  constructor(key, name, params, value) {
     this.key = key;
     this.name = name;
     this.params = params; // JSON bytes, or EMPTY
+    this.paramsValue = value; // the app's params, to merge `last` into (a JSON object or undefined)
     this.wireParams = params; // what SUBSCRIBE carries (maybe deflated)
     this.wireCompressed = false;
     this.paramsReady = null; // a Promise while the params are being deflated
@@ -41,12 +42,17 @@ class WireSubscription {
     this.incarnation = 0; // bumps when seq numbering restarts, so stale items cannot ACK
     this.queued = null; // the snapshot item waiting in the inbound queue (conflation target)
     this.last = null; // {value, meta}: the latest snapshot value, for listeners that join later
+    this.asked = new Map(); // SUBSCRIBE req → the `last` it asked for (late joiners, §5)
+    this.keep = 0; // ring topics: how many delivered messages `history` keeps (largest `last`)
+    this.history = []; // {value, meta} of the latest delivered ring messages, oldest first
     this.listeners = new Set();
     this.joining = new Set(); // Subscriptions that have not seen onSubscribed yet
   }
 
   resetNumbering() {
     this.lastSeq = 0;
+    this.history = []; // seqs of another numbering...
+    for (const sub of this.listeners) sub._floor = 0; // ...which floors must not hold back
     this.delivered = 0;
     this.acked = 0;
     this.unacked = 0;
@@ -59,8 +65,11 @@ export const subscriptionMethods = {
 
   /**
    * Subscribe to a topic. The subscription is kept across reconnects: after a resumed session it
-   * simply continues; after a new session it is made again (ring topics ask to replay from the
-   * last seq received, and `onSubscribed` reports whether that replay was complete).
+   * continues (ring topics restate their position, epoch and last seq received, in the frame of
+   * the resuming HELLO; the server replays what it still holds after it, a GAP first for what it
+   * lost); after a new session it is made again (ring topics ask to replay from the last seq
+   * received). Either way `onSubscribed` reports whether that replay was complete, and a ring
+   * message is never delivered twice nor after a newer one.
    *
    * @param {string} name Topic name, e.g. "prices.AAPL".
    * @param {(value: any, meta: {name: string, seq: number, compressed: boolean}) => any} callback
@@ -70,15 +79,37 @@ export const subscriptionMethods = {
    *   callbacks return (or their promises resolve) and given back (NACK) when one throws.
    * @param {object} [opts]
    * @param {any} [opts.params] JSON params for the server's subscribe handler.
+   * @param {number} [opts.last] Late joiner (§5): on a ring topic, first the last `last`
+   *   messages the server's ring holds (all of them if it holds fewer), oldest first, then the
+   *   new ones. Sent as `{"last": n}` merged into `params` (which must then be a plain object)
+   *   on the first SUBSCRIBE only; a re-subscribe after a reconnect goes on from the last seq
+   *   received instead. Subscriptions to one name and params share one wire subscription: a
+   *   listener that joins while the first SUBSCRIBE is still unanswered gets exactly its own
+   *   `last` of what the server replays (none without `last`); one that joins an active topic
+   *   gets up to `last` of the latest messages this client has delivered on it and still keeps:
+   *   the client keeps, per ring topic, as many as the largest `last` any of its subscribe()
+   *   calls asked for, counted from when that call was made. A snapshot topic ignores it (its
+   *   value comes anyway).
    * @param {(gap: {from: number, count: number}) => void} [opts.onGap] Messages lost for good.
    * @param {(info: {mode: number, codec: number, epoch: number, head: number, recovered: boolean}) => void} [opts.onSubscribed]
-   *   Called at every SUBSCRIBED, including the re-subscribe after a new session.
+   *   Called at every SUBSCRIBED: the first, the re-subscribe after a new session, and the
+   *   answer to a ring position restated by a resumed session (`recovered`: nothing was lost
+   *   while the connection was down).
    * @param {(err: {code: number, reason: string}) => void} [opts.onError] The server refused.
    * @param {(why: {code: number, reason: string}) => void} [opts.onUnsubscribed] The server
    *   ended the subscription (code from §9).
    * @returns {Subscription}
    */
   subscribe(name, callback, opts = {}) {
+    if (opts.last !== undefined && opts.last !== null) {
+      if (!Number.isSafeInteger(opts.last) || opts.last < 1) {
+        throw new TypeError(`last must be an integer of at least 1, got ${String(opts.last)}`);
+      }
+      const p = opts.params;
+      if (p !== undefined && (p === null || typeof p !== "object" || Array.isArray(p))) {
+        throw new TypeError("last needs params that are a plain object (merged with {last: n})");
+      }
+    }
     const sub = new Subscription(this, name, callback, opts);
     if (this.state === "closed") {
       sub._fail(new RubrisError("client is closed", ErrorCode.CLOSED));
@@ -92,7 +123,7 @@ export const subscriptionMethods = {
     }
     let wire = this._wires.get(wireKey(name, opts.params));
     if (!wire) {
-      wire = this._openWire(name, opts.params);
+      wire = this._openWire(name, opts.params, sub); // joining before SUBSCRIBE: it carries `last`
     } else if (wire.closing) {
       wire.closing = false; // the app changed its mind before the server answered
     }
@@ -107,9 +138,13 @@ export const subscriptionMethods = {
 
   // ----- subscribing and letting go ----------------------------------------------------------
 
-  /** A new WireSubscription for `name` with JSON `params`, subscribed as soon as it can be. */
-  _openWire(name, params) {
-    const wire = new WireSubscription(wireKey(name, params), name, encodeJson(params));
+  /**
+   * A new WireSubscription for `name` with JSON `params`, subscribed as soon as it can be;
+   * `first` (a Subscription) joins it before that SUBSCRIBE is made.
+   */
+  _openWire(name, params, first = null) {
+    const wire = new WireSubscription(wireKey(name, params), name, encodeJson(params), params);
+    if (first) wire.joining.add(first);
     this._wires.set(wire.key, wire);
     this._prepareParams(wire);
     if (this._welcomed) this._sendSubscribe(wire);
@@ -170,10 +205,22 @@ export const subscriptionMethods = {
     wire.reqs.add(req);
     this._byReq.set(req, wire);
     wire.state = "pending";
-    // Ring topics ask to replay what they missed (§5); the server checks the epoch.
-    const recover = wire.mode === Mode.RING && wire.epoch !== null && wire.lastSeq > 0;
+    // Ring topics ask to replay what they missed (§5), from the position they hold (seq 0 of a
+    // known epoch included: nothing of it received yet); the server checks the epoch.
+    const recover = wire.mode === Mode.RING && wire.epoch !== null;
+    let params = wire.wireParams;
+    let compressed = wire.wireCompressed;
+    // Late joiners (§5): `last` only until the first SUBSCRIBED; the largest any listener asked.
+    let last = 0;
+    if (wire.epoch === null) for (const sub of wire.joining) last = Math.max(last, sub._last ?? 0);
+    if (last > 0) {
+      // Small and rare: sent as is rather than waiting to deflate the merged params again.
+      params = encodeJson({ ...(wire.paramsValue ?? {}), last });
+      compressed = false;
+      wire.asked.set(req, last);
+    }
     const bytes = encode.subscribe(req, wire.name, recover ? wire.epoch : 0, recover ? wire.lastSeq : 0,
-      wire.wireParams, wire.wireCompressed);
+      params, compressed);
     this._write({ bytes, keep: "none" });
   },
 
@@ -188,12 +235,15 @@ export const subscriptionMethods = {
     const wire = this._byReq.get(m.req);
     if (!wire) return;
     this._byReq.delete(m.req);
+    this._restating.delete(m.req);
     wire.reqs.delete(m.req);
+    const asked = wire.asked.get(m.req) ?? 0;
+    wire.asked.delete(m.req);
     const holder = this._byTopic.get(m.topic);
     if (wire.state === "closed" || wire.closing) {
       // The app let go before the answer came; give the topic back unless another live
-      // subscription of ours holds the same number.
-      if (!holder) this._unsubscribeTopic(m.topic);
+      // subscription of ours holds the same number (or its UNSUBSCRIBE is on its way already).
+      if (!holder && !this._unsubPending.has(m.topic)) this._unsubscribeTopic(m.topic);
       if (wire.closing) {
         wire.closing = false;
         wire.state = "closed";
@@ -202,11 +252,15 @@ export const subscriptionMethods = {
       return;
     }
     if (wire.state === "active") {
-      // Second answer to a SUBSCRIBE repeated after a resume: already done.
-      if (m.topic !== wire.topic && !holder) this._unsubscribeTopic(m.topic);
+      this._onRepositioned(wire, m, holder);
       return;
     }
-    if (wire.epoch !== m.epoch) wire.resetNumbering(); // a new numbering: old seqs mean nothing
+    if (wire.epoch !== m.epoch) {
+      wire.resetNumbering(); // a new numbering: old seqs mean nothing
+      // The ring starts after head (a late joiner's after the `asked` it replays): what we then
+      // hold, so a resume at once states that position.
+      if (m.mode === Mode.RING) wire.lastSeq = Math.max(0, m.head - asked);
+    }
     wire.state = "active";
     wire.topic = m.topic;
     wire.mode = m.mode;
@@ -222,16 +276,56 @@ export const subscriptionMethods = {
     this._enqueue({
       t: "fn",
       fn: () => {
-        for (const sub of [...wire.listeners]) safeCall(sub._opts.onSubscribed, info);
-        for (const sub of [...wire.joining]) this._join(wire, sub, info);
+        for (const sub of [...wire.listeners]) {
+          sub.info = info;
+          safeCall(sub._opts.onSubscribed, info);
+        }
+        for (const sub of [...wire.joining]) this._join(wire, sub, info, asked ? m.head : null);
         // Items wait for this point, so a handler never runs before its onSubscribed.
         if (wire.state === "active") wire.consumer?._start();
       },
     });
   },
 
-  /** Make `sub` a listener of `wire` (runs in delivery order). */
-  _join(wire, sub, info = wire.info) {
+  /**
+   * SUBSCRIBED for a wire already active: the answer to a ring position restated by a resumed
+   * session (§5), or to a SUBSCRIBE sent twice. The same subscription, moved to the position we
+   * stated; what follows is its replay, a GAP first for what the server's ring lost. The news
+   * (`recovered` above all) goes to the listeners' onSubscribed, as after a new session.
+   */
+  _onRepositioned(wire, m, holder) {
+    if (m.topic !== wire.topic) {
+      // Not expected (a session keeps its numbers); the other number is not ours to keep.
+      if (!holder) this._unsubscribeTopic(m.topic);
+      return;
+    }
+    if (wire.epoch !== m.epoch) {
+      // The topic restarted while we were away: recovered is false; it starts after head.
+      wire.resetNumbering();
+      if (m.mode === Mode.RING) wire.lastSeq = m.head;
+      wire.epoch = m.epoch;
+    }
+    const info = {
+      name: wire.name, mode: m.mode, codec: m.codec, epoch: m.epoch, head: m.head,
+      recovered: m.recovered === 1,
+    };
+    wire.info = info;
+    this._enqueue({
+      t: "fn",
+      fn: () => {
+        for (const sub of [...wire.listeners]) {
+          sub.info = info;
+          safeCall(sub._opts.onSubscribed, info);
+        }
+      },
+    });
+  },
+
+  /**
+   * Make `sub` a listener of `wire` (runs in delivery order). `head`: this SUBSCRIBED answered
+   * a late joiner's request (§5), whose replay (seqs up to head) follows.
+   */
+  _join(wire, sub, info = wire.info, head = null) {
     if (!wire.joining.delete(sub) || sub.closed) return;
     wire.listeners.add(sub);
     sub.info = info;
@@ -241,6 +335,15 @@ export const subscriptionMethods = {
       // A later listener of a shared snapshot gets the current value, as a new subscriber would.
       safeCall(sub._callback, wire.last.value, wire.last.meta);
     }
+    if (wire.mode !== Mode.RING) return;
+    if (head !== null) {
+      // The replay carries the largest `last` asked: this listener takes only its own share.
+      sub._floor = head - sub._last + 1;
+    } else if (sub._last > 0 && wire.history.length) {
+      // Joining a topic already flowing: the latest this client delivered, as far as it kept.
+      for (const h of wire.history.slice(-sub._last)) safeCall(sub._callback, h.value, h.meta);
+    }
+    if (sub._last > wire.keep) wire.keep = sub._last;
   },
 
   _onRejected(m) {
@@ -302,10 +405,16 @@ export const subscriptionMethods = {
     const wire = this._byTopic.get(m.topic);
     if (!wire) return;
     const end = m.from + m.count - 1;
+    let from = m.from;
+    if (wire.mode === Mode.RING && m.count > 0 && from <= wire.lastSeq) {
+      // What we received is not lost: "exactly once or inside a GAP" holds for what the app sees.
+      if (end <= wire.lastSeq) return;
+      from = wire.lastSeq + 1;
+    }
     // Lost for good; asking to replay them after a reconnect would only produce the same GAP.
     if (end > wire.lastSeq) wire.lastSeq = end;
     this._counters.gaps++;
-    const gap = { from: m.from, count: m.count };
+    const gap = { from, count: end - from + 1 };
     this._enqueue({
       t: "fn",
       fn: () => {
@@ -357,8 +466,13 @@ export const subscriptionMethods = {
       if (ok) {
         const meta = { name: wire.name, seq: item.seq, compressed: item.compressed };
         if (wire.mode === Mode.SNAPSHOT) wire.last = { value, meta };
+        else if (wire.keep > 0 && item.incarnation === wire.incarnation) {
+          wire.history.push({ value, meta });
+          if (wire.history.length > wire.keep) wire.history.splice(0, wire.history.length - wire.keep);
+        }
         for (const sub of wire.listeners.size === 1 ? wire.listeners : [...wire.listeners]) {
-          if (!sub.closed) safeCall(sub._callback, value, meta);
+          // _floor: a listener that joined a late joiner's replay skips what it did not ask for
+          if (!sub.closed && !(item.seq < sub._floor)) safeCall(sub._callback, value, meta);
         }
       }
     }

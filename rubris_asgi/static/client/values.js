@@ -36,6 +36,8 @@ export class Subscription {
     this._callback = callback;
     this._opts = opts;
     this._wire = null;
+    this._last = opts.last ?? 0; // late joiner (§5): how many of the ring's latest it asked for
+    this._floor = 0; // ring seqs below this are not for it (the rest of others' late-join replay)
     this._settled = false;
     /**
      * Resolves with the SUBSCRIBED info; rejects with a {@link RubrisError} when the server

@@ -10,6 +10,7 @@ from .compression import Compressor, Decompressor
 from .config import BatchConfig, Config, FlowConfig, Limits, Timing, WriterConfig
 from .errors import (
     BrokerUnavailable,
+    DeliveryUnknown,
     ErrorCode,
     MessageTooLarge,
     ProtocolError,
@@ -34,6 +35,7 @@ __all__ = [
     "Compressor",
     "Config",
     "Decompressor",
+    "DeliveryUnknown",
     "ErrorCode",
     "FlowConfig",
     "Limits",

@@ -414,11 +414,21 @@ class Rubris:
             if session.state is SessionState.CLOSED:
                 raise SessionClosed(f"session {session.id[:8]}… has ended")
 
-    async def send_to(self, session_id: str, name: str, value: Any) -> int:
-        """``send`` to the session ``session_id`` on whichever node it lives (remote.py);
-        ``SessionClosed`` when there is none."""
+    async def send_to(
+        self, session_id: str, name: str, value: Any, *, key: str | None = None
+    ) -> int:
+        """``send`` to the session ``session_id`` on whichever node it lives (remote.py),
+        waiting at most 30 s for room; the message's seq once it is queued.
+
+        Raises, when the message was certainly not queued: ``SessionClosed`` (no such
+        session), ``QueueFull`` (still full after the wait), ``ProtocolError``,
+        ``MessageTooLarge``, ``BrokerUnavailable`` (Redis failed before the request reached
+        it); when it may have been: ``DeliveryUnknown``. ``key`` (a str of at most 200
+        characters) makes a repeat safe: the session's node queues a message once per key
+        (remembered 5 minutes, at most 1,024 keys per session) and answers a repeat with the
+        first one's seq."""
         self._on_loop("send_to")
-        return await self._remote.send_to(session_id, name, value)
+        return await self._remote.send_to(session_id, name, value, key)
 
     def _on_loop(self, what: str) -> None:
         """Refuse an async call made from another event loop than the server's: the engine's
@@ -522,6 +532,8 @@ class Rubris:
                 f"{os.environ[WORKERS_ENV]} workers without a broker would each serve their own "
                 "topics: set RUBRIS_REDIS_URL (or Rubris(broker=...)), or run one worker"
             )
+        if any(ch.mode == Mode.QUEUE for ch in self.registry.channels):
+            self.broker.holds("work-queue items")  # a Redis that could lose them fails the start
         await self.broker.start(self.engine)  # first: a broker out of reach fails the start
         self._loop = loop
         self._thread = threading.get_ident()

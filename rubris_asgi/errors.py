@@ -6,6 +6,8 @@ Tree::
     ├── ProtocolError          malformed or refused wire input; carries an ErrorCode
     ├── MessageTooLarge        a publish over the configured maximum (code 5)
     ├── QueueFull              send_nowait() on a full private queue; enqueue() on a full work queue
+    ├── BrokerUnavailable      Redis cannot take a publish, an enqueue or a send_to now
+    ├── DeliveryUnknown        send_to cannot tell whether its message was queued
     ├── SessionClosed          sending to a session that has ended
     ├── RegistrationClosed     registering a channel or method after start-up
     ├── Reject                 raised by application handlers to refuse (code 10)
@@ -77,6 +79,15 @@ class BrokerUnavailable(RubrisError):
     accepted; what was accepted before is kept and sent when the broker is back."""
 
     code = ErrorCode.TOO_MANY
+
+
+class DeliveryUnknown(RubrisError):
+    """``send_to`` cannot tell whether the message was queued: its request reached, or may
+    have reached, the session's node, and the answer did not come back (Redis stalled or lost
+    the connection after the request was written, the node stalled, or this node stopped
+    while waiting). Unlike the other errors of ``send_to``, which all mean *not queued*, the
+    message may be in the session's queue: send it again with the same ``key`` and the
+    session's node queues it only if it did not already (the answer is then its seq)."""
 
 
 class SessionClosed(RubrisError):

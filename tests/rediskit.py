@@ -53,12 +53,27 @@ class RedisServer:
     """A ``redis-server`` on a free port of 127.0.0.1, in a temporary directory; ``url`` points
     at its database 0. A context manager: stopped on exit.
 
-    Without persistence, unless ``persist``: then every write goes to an append-only file, so
-    ``kill()`` and ``restart()`` (on the same port) show a client what a Redis restart is."""
+    With an append-only file (``appendonly yes``), as the queues and batches require of a
+    production Redis (``RedisNotDurable`` otherwise): ``kill()`` and ``restart()`` (on the same
+    port) show a client what a Redis restart is, nothing lost. Its writes reach the file at
+    once but are not synced to the disk (``appendfsync no``: cheap, and a process restart
+    loses nothing), unless ``persist``: then each is synced before Redis answers
+    (``appendfsync always``). ``appendonly=False`` starts a Redis that loses everything on a
+    restart (RDB snapshots off too), for the tests of what is refused on one; ``args`` are
+    more options (``("--rename-command", "CONFIG", "")``, say)."""
 
-    def __init__(self, executable: str = "redis-server", *, persist: bool = False) -> None:
+    def __init__(
+        self,
+        executable: str = "redis-server",
+        *,
+        persist: bool = False,
+        appendonly: bool = True,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.executable = executable
         self.persist = persist
+        self.appendonly = appendonly
+        self.args = args
         self.port = 0
         self.dir: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -131,13 +146,14 @@ class RedisServer:
                     "--save",
                     "",
                     "--appendonly",
-                    "yes" if self.persist else "no",
+                    "yes" if self.appendonly else "no",
                     "--appendfsync",
-                    "always",
+                    "always" if self.persist else "no",
                     "--dir",
                     self.dir,
                     "--daemonize",
                     "no",
+                    *self.args,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -60,6 +60,8 @@ from typing import Any, NoReturn
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
+from ..brokers.redis_persistence import Persistence, read_persistence, require_durable
+from ..brokers.redis_pool import MAX_CONNECTIONS, POOL_TIMEOUT, check_pool, connect
 from ..errors import BadCount, BatchExists, BatchSealed, ItemOutOfRange, UnknownBatch
 from . import tracker
 from .bits import CHUNK_BITS, CHUNK_BYTES
@@ -341,6 +343,14 @@ class RedisBatchStore(BatchStore):
 
     A ``client`` passed in is the caller's to close; one made from ``url`` is closed by
     ``close()``. Its responses may be decoded or not.
+
+    One made from ``url`` opens at most ``max_connections`` connections to Redis; an operation
+    waits for a free one, at most ``pool_timeout`` seconds (then ``PoolBusy``, a
+    ``BrokerUnavailable`` naming the local limit). A batch lost by Redis would never complete,
+    so a Redis without ``appendonly yes`` (or whose settings cannot be read) is refused with
+    ``RedisNotDurable``: at ``start`` (at the first batch opened when ``check_at_start`` is
+    off, as for the store a ``RedisBroker`` makes for every app), unless ``allow_volatile``,
+    which logs a WARNING instead.
     """
 
     def __init__(
@@ -349,9 +359,21 @@ class RedisBatchStore(BatchStore):
         *,
         prefix: str = "rubris:",
         client: aioredis.Redis | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        pool_timeout: float = POOL_TIMEOUT,
+        allow_volatile: bool = False,
+        check_at_start: bool = True,
     ) -> None:
+        check_pool(max_connections, pool_timeout)
         self.url = url
         self.prefix = prefix
+        self.max_connections = max_connections
+        self.pool_timeout = pool_timeout
+        self.allow_volatile = allow_volatile
+        self.check_at_start = check_at_start
+        self.persistence: Persistence | None = None
+        """What Redis said of its persistence at start."""
+        self._warned: set[str] = set()
         self._client = client
         self._owns_client = False
         self._scripts: dict[str, AsyncScript] = {}
@@ -368,8 +390,12 @@ class RedisBatchStore(BatchStore):
 
     async def start(self) -> None:
         if self._client is None:
-            self._client = aioredis.Redis.from_url(self.url)
+            self._client = connect(self.url, self.max_connections, self.pool_timeout)
             self._owns_client = True
+        if self.persistence is None:
+            self.persistence = await read_persistence(self._client)
+            if self.check_at_start:
+                self._durable()
         if not self._scripts:
             client = self._client
             sources = {"open": _OPEN, "add": _ADD, "seal": _SEAL, "end": _END, "sweep": _SWEEP}
@@ -388,6 +414,11 @@ class RedisBatchStore(BatchStore):
             self._owns_client = False
             await client.aclose()
 
+    def _durable(self) -> None:
+        assert self.persistence is not None
+        where = self.url if self._owns_client else "the client's"
+        require_durable(self.persistence, "batches", self.allow_volatile, where, self._warned)
+
     async def _script(self, name: str) -> AsyncScript:
         if not self._scripts:
             await self.start()
@@ -403,6 +434,8 @@ class RedisBatchStore(BatchStore):
 
     async def open(self, batch: str, now: float) -> BatchStatus:
         script = await self._script("open")
+        if not self.check_at_start:
+            self._durable()  # the first batch: refused, or warned about once
         created = await script(
             keys=[self._record_key(batch), *self._sets, self._seq_key], args=[batch, _num(now)]
         )

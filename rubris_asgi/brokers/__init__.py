@@ -6,6 +6,10 @@
   numbered and kept in Redis, heard through pub/sub;
 - ``redis_scripts``: its Lua scripts;
 - ``redis_nodes``: requests between nodes;
+- ``redis_pool``: the capped connection pool every Redis client of a node waits on
+  (``PoolBusy``);
+- ``redis_persistence``: Redis's persistence read at start, and the refusal to keep queue
+  items or batches where a restart would lose them (``RedisNotDurable``);
 - ``redis_queues``, ``redis_queue_scripts``: work-queue topics kept in Redis.
 """
 

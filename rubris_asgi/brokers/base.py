@@ -15,11 +15,13 @@ The engine knows nothing of this but the relay and ``apply``; the dispatcher awa
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..engine import Engine
+from ..errors import BrokerUnavailable
 from ..topics import SharedTopic
 
 Head = dict[str, Any]
@@ -30,7 +32,24 @@ knows from a session id where that session lives."""
 
 
 class NodeGone(Exception):
-    """The node asked is not listening: it has stopped, or died."""
+    """The node asked is not listening: it has stopped, or died. Nobody received the request."""
+
+
+class Abandoned(NodeGone):
+    """This node stopped while waiting for a reply: the request was sent, and the other node
+    may have acted on it."""
+
+
+class NoReply(asyncio.TimeoutError):
+    """The request was sent and no reply came within the timeout: the other node may have
+    acted on it (the reply was lost, or is late). A ``TimeoutError``, never a sign that Redis
+    is down."""
+
+
+class MaybeSent(BrokerUnavailable):
+    """Redis failed while the request was being written to it or read back: it may have
+    reached the other node. (A failure before anything was written is a plain
+    ``BrokerUnavailable``: nobody received the request.)"""
 
 
 def node_of(session_id: str) -> str:
@@ -87,6 +106,10 @@ class Broker:
         with a distributed broker); alone, None: the embedded SQLite default."""
         return None
 
+    def holds(self, what: str) -> None:
+        """Told before ``start`` that ``what`` (work-queue items) will be kept through this
+        broker: one that could lose it refuses to start. Alone, nothing is kept elsewhere."""
+
     def home_of(self, session_id: str) -> str:
         """The other node that holds the session ``session_id`` ("" for this node, or alone)."""
         if not self.distributed:
@@ -100,8 +123,16 @@ class Broker:
     async def ask(
         self, node: str, op: str, head: Head, body: bytes, timeout: float
     ) -> tuple[Head, bytes]:
-        """Ask another node (``on``'s handler there) and wait for its reply; ``NodeGone``
-        when it is not there."""
+        """Ask another node (``on``'s handler there) and wait at most ``timeout`` seconds for
+        its reply (the time to hand the request to Redis comes on top, bounded by the
+        connection's own timeout).
+
+        What each failure says about the request, which matters to a caller whose request
+        changes something there (``Rubris.send_to``): certainly not received by the other node:
+        ``NodeGone`` (nobody listens for it), ``BrokerUnavailable`` but not ``MaybeSent``
+        (Redis failed before the request was written); perhaps received and acted on:
+        ``MaybeSent``, ``NoReply`` (no reply in time), ``Abandoned`` (this node stopped);
+        ``RuntimeError``: the other node's handler failed."""
         raise NodeGone(f"no node {node}: this one is alone")
 
     async def start(self, engine: Engine) -> None:

@@ -42,19 +42,22 @@ import itertools
 import logging
 import secrets
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
 
 from ..engine import Engine
 from ..errors import BrokerUnavailable
 from ..topics import RELAY_FIRST, RELAY_IF_FOLLOWED, RELAY_TAKEN, RING, SharedTopic, new_epoch
 from . import redis_scripts
-from .base import SESSION_MARK, Broker, BrokerStats, Head
-from .redis_nodes import BACKOFF, DOWN, NodeLink, until_answered
+from .base import SESSION_MARK, Broker, BrokerStats, Head, MaybeSent
+from .redis_nodes import DOWN, NodeLink
+from .redis_persistence import Persistence, read_persistence, require_durable
+from .redis_pool import MAX_CONNECTIONS, POOL_TIMEOUT, PoolBusy, check_pool, connect
 from .redis_queues import RedisQueues
 
 log = logging.getLogger("rubris_asgi.broker")
@@ -66,9 +69,17 @@ IDLE_FOLLOW = 30.0
 REFRESH = 60.0
 """Seconds between refreshes of the followed topics' expiry in Redis."""
 
+RETRY = (0.05, 0.25)
+"""Seconds between attempts while Redis is unreachable: first, most (doubling). Short enough
+that a node takes publishes again within a quarter of a second of Redis answering; an attempt
+on a Redis that is away costs a refused connection."""
+
 _JOINING, _LIVE = 0, 1
 _CONDITION = {RELAY_FIRST: 1, RELAY_IF_FOLLOWED: 2}
 """The publish script's condition for each kind of relayed publish (redis_scripts.PUBLISH)."""
+
+
+T = TypeVar("T")
 
 
 class _Follow:
@@ -117,6 +128,17 @@ class RedisBroker(Broker):
         connect_timeout: seconds ``start`` waits for Redis before it fails.
         node_timeout: seconds a node may miss its heartbeat before the others take it for
             dead and give the queue items it held back to their queues (redis_queues.py).
+        max_connections: connections to Redis this node opens at most (one is its
+            subscriber); a command waits for a free one. Each costs Redis a client (its
+            ``maxclients`` is 10,000 by default): nodes times this must stay below it.
+        pool_timeout: seconds a command waits for a free connection before it is refused
+            with ``PoolBusy`` (a ``BrokerUnavailable`` that names the local limit; Redis is not
+            taken for away). The node's own work (the outbox, the queues) waits on.
+        allow_volatile: keep work-queue items in a Redis that would lose them on a restart
+            (no ``appendonly yes``, or its settings unreadable), saying so in a WARNING; by
+            default such a Redis is refused (``RedisNotDurable``) where an item would be
+            accepted: at start when queues are declared (``holds``) or were made before it,
+            else at the first item. Shared topics alone never need it.
     """
 
     distributed = True
@@ -131,8 +153,12 @@ class RedisBroker(Broker):
         outbox_bytes: int = 16 * 1024 * 1024,
         connect_timeout: float = 5.0,
         node_timeout: float = 10.0,
+        max_connections: int = MAX_CONNECTIONS,
+        pool_timeout: float = POOL_TIMEOUT,
+        allow_volatile: bool = False,
     ) -> None:
         super().__init__()
+        check_pool(max_connections, pool_timeout)
         if history_ttl <= 0 or outbox_messages < 1 or outbox_bytes < 1:
             raise ValueError("history_ttl, outbox_messages and outbox_bytes must be positive")
         if node_timeout < 3:
@@ -143,6 +169,13 @@ class RedisBroker(Broker):
         self.outbox_messages = outbox_messages
         self.outbox_bytes = outbox_bytes
         self.connect_timeout = connect_timeout
+        self.max_connections = max_connections
+        self.pool_timeout = pool_timeout
+        self.allow_volatile = allow_volatile
+        self.persistence: Persistence | None = None
+        """What Redis said of its persistence at start."""
+        self._holds: set[str] = set()
+        self._warned: set[str] = set()
         self._channel = (prefix + "c:").encode()
         self.node = secrets.token_hex(6)
         self.link = NodeLink(prefix, self.node, self._publish_raw)
@@ -156,8 +189,12 @@ class RedisBroker(Broker):
         self._outbox_size = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._writer_down = False
         self._reader_down = False
+        self._up = True
+        """Whether Redis answered the latest call of any part of this node (the writer, the
+        reader, the queues): publishes and items are refused while it did not."""
+        self._answered = asyncio.Event()
+        """Set (and replaced) when Redis answers after an outage: retries pause no longer."""
         self._refreshed = 0.0
         self._emptied = asyncio.Event()
         self._side: set[asyncio.Task[None]] = set()
@@ -172,8 +209,10 @@ class RedisBroker(Broker):
         self._engine = engine
         # no retries inside redis-py: a lost connection must reach this code, which then
         # subscribes again and reads what it missed (redis-py would resubscribe silently)
-        self._redis = aioredis.from_url(
+        self._redis = connect(
             self.url,
+            self.max_connections,
+            self.pool_timeout,
             socket_connect_timeout=self.connect_timeout,
             socket_timeout=self.connect_timeout,
             retry=Retry(NoBackoff(), 0),
@@ -181,10 +220,20 @@ class RedisBroker(Broker):
         )
         try:
             await asyncio.wait_for(self._redis.ping(), self.connect_timeout)
+            self.persistence = p = await read_persistence(self._redis)
+            log.info("Redis at %s: %s", self.url, p.describe())
+            if engine.queues:  # queue topics made before the start: their items go to Redis
+                self._holds.add("work-queue items")
+            for what in sorted(self._holds):
+                self.require_durable(what)
         except (*DOWN, asyncio.TimeoutError) as exc:
             await self._redis.aclose()
             self._redis = None
             raise BrokerUnavailable(f"cannot reach Redis at {self.url}: {exc}") from exc
+        except BaseException:
+            await self._redis.aclose()
+            self._redis = None
+            raise
         self._publish_script = self._redis.register_script(redis_scripts.PUBLISH)
         self._history_script = self._redis.register_script(redis_scripts.HISTORY)
         self._pubsub = await self._open_pubsub()
@@ -248,18 +297,88 @@ class RedisBroker(Broker):
             self.background(self._quietly(ps.subscribe(key)))
 
     def batch_store(self) -> Any:
-        """Batches in the same Redis, under the same prefix: every node sees every batch."""
+        """Batches in the same Redis, under the same prefix: every node sees every batch.
+        Made for every app with this broker (``Rubris(batches=True)``), used by few: a Redis
+        that would lose them is refused at the first batch opened, not at start."""
         from ..batches.redis_store import RedisBatchStore
 
-        return RedisBatchStore(self.url, prefix=self.prefix)
+        return RedisBatchStore(
+            self.url,
+            prefix=self.prefix,
+            max_connections=self.max_connections,
+            pool_timeout=self.pool_timeout,
+            allow_volatile=self.allow_volatile,
+            check_at_start=False,
+        )
+
+    def holds(self, what: str = "work-queue items") -> None:
+        """Declare, before ``start``, that ``what`` will be kept in this Redis (the app does
+        for its queue channels): ``start`` then refuses a Redis that would lose it on a
+        restart, unless ``allow_volatile``."""
+        self._holds.add(what)
+
+    def require_durable(self, what: str) -> None:
+        """Raise ``RedisNotDurable`` if Redis would lose ``what`` on a restart (and
+        ``allow_volatile`` is off); with it on, say so once as a WARNING."""
+        p = self.persistence
+        if p is None:
+            raise BrokerUnavailable("the broker is not started")
+        require_durable(p, what, self.allow_volatile, self.url, self._warned)
+
+    # reachability, shared by every part of the node
+
+    @property
+    def up(self) -> bool:
+        """Whether Redis answered the latest call of any part of this node."""
+        return self._up
+
+    def lost(self, who: str, exc: BaseException) -> None:
+        """A call of ``who`` found Redis away: publishes and items are refused until any
+        call gets through."""
+        if self._up:
+            self._up = False
+            self.counters.outages += 1
+            log.warning("Redis unreachable (%s): %s; publishes refused until it is back", who, exc)
+
+    def answered(self) -> None:
+        """A call got through: Redis is back for every part of the node, whose retries
+        stop pausing."""
+        if not self._up:
+            self._up = True
+            log.warning("Redis reachable again: publishes taken")
+        answered, self._answered = self._answered, asyncio.Event()
+        answered.set()
+
+    async def pause(self, delay: float) -> None:
+        """Sleep ``delay`` seconds between attempts, or less if Redis answers meanwhile."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._answered.wait(), delay)
+
+    async def until_answered(self, call: Callable[[], Awaitable[T]], who: str) -> T:
+        """Await ``call()`` until Redis answers it (``call`` must be safe to repeat: the
+        scripts answer a repeat from their first run). A failure marks Redis away (``lost``)
+        and the call is tried again after a pause (``RETRY``); ``PoolBusy`` only waited for a
+        connection of this node's, so it is tried again at once, Redis not taken for away."""
+        delay = RETRY[0]
+        while True:
+            try:
+                answer = await call()
+            except PoolBusy:
+                continue  # it waited pool_timeout already
+            except DOWN as exc:
+                self.lost(who, exc)
+                await self.pause(delay)
+                delay = min(2 * delay, RETRY[1])
+                continue
+            if not self._up:
+                self.answered()
+            return answer
 
     # publishing
 
     def accepting(self, messages: int, nbytes: int) -> bool:
         return (
-            not self._writer_down
-            and not self._reader_down
-            and not self.queues.down
+            self._up
             and len(self._outbox) + messages <= self.outbox_messages
             and self._outbox_size + nbytes <= self.outbox_bytes
         )
@@ -267,22 +386,31 @@ class RedisBroker(Broker):
     def relay(self, topic: SharedTopic, payload: bytes, compressed: bool, how: int) -> int:
         """``engine.relay``: into the outbox, or ``BrokerUnavailable``; returns 0."""
         if how != RELAY_TAKEN and not self.accepting(1, len(payload)):
-            self._refuse()
+            self._refuse(1, len(payload))
         self._put(_Entry(topic, payload, compressed, _CONDITION.get(how, 0), None))
         return 0
 
     async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
         if not self.accepting(1, len(payload)):
-            self._refuse()
+            self._refuse(1, len(payload))
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._put(_Entry(topic, payload, compressed, 0, done))
         return await done
 
-    def _refuse(self) -> None:
+    def _refuse(self, messages: int, nbytes: int) -> None:
+        """Raise ``BrokerUnavailable`` with the reason ``accepting`` said no."""
         self.counters.refused += 1
-        if self._writer_down or self._reader_down:
+        if not self._up:
             raise BrokerUnavailable("Redis is unreachable: publish refused, try again shortly")
-        raise BrokerUnavailable("too many publishes waiting for Redis: try again shortly")
+        if len(self._outbox) + messages > self.outbox_messages:
+            raise BrokerUnavailable(
+                f"{len(self._outbox)} publishes wait to be sent to Redis, the most this node "
+                f"keeps (outbox_messages={self.outbox_messages}): try again shortly"
+            )
+        raise BrokerUnavailable(
+            f"{self._outbox_size} bytes of publishes wait to be sent to Redis, with this one "
+            f"over what this node keeps (outbox_bytes={self.outbox_bytes}): try again shortly"
+        )
 
     def _put(self, entry: _Entry) -> None:
         self._outbox.append(entry)
@@ -322,27 +450,10 @@ class RedisBroker(Broker):
         for e in batch:
             t = e.topic
             args += [t.name, int(t.mode), t.cap, e.cond, int(e.compressed), e.payload]
-        seqs: list[int] = await until_answered(
-            lambda: self._publish_script(args=args),
-            lambda exc: self._down("writer", exc),
-            self._writer_back,
+        seqs: list[int] = await self.until_answered(
+            lambda: self._publish_script(args=args), "writer"
         )
         return seqs
-
-    def _writer_back(self) -> None:
-        if self._writer_down:
-            self._writer_down = False
-            log.warning("Redis reachable again: publishing resumed")
-
-    def _down(self, who: str, exc: BaseException) -> None:
-        was = self._writer_down or self._reader_down
-        if who == "writer":
-            self._writer_down = True
-        else:
-            self._reader_down = True
-        if not was:
-            self.counters.outages += 1
-            log.warning("Redis unreachable (%s): %s; publishes refused until it is back", who, exc)
 
     # hearing
 
@@ -478,9 +589,19 @@ class RedisBroker(Broker):
 
     async def _repair(self, f: _Follow) -> None:
         try:
-            await self._catch_up([f])
+            await self._catch_up_patiently([f])
         except DOWN as exc:
             log.warning("cannot read %s's history (%s): the reconnection will", f.topic.name, exc)
+
+    async def _catch_up_patiently(self, follows: Sequence[_Follow]) -> None:
+        """``_catch_up``, again as long as it only waited for a free connection: a follow
+        left joining would hold what it hears until the next reconnection."""
+        while follows:
+            try:
+                await self._catch_up(follows)
+                return
+            except PoolBusy:
+                follows = [f for f in follows if self._following.get(f.topic.name) is f]
 
     async def _open_pubsub(self) -> Any:
         assert self._redis is not None
@@ -499,13 +620,40 @@ class RedisBroker(Broker):
     ) -> tuple[Head, bytes]:
         try:
             return await self.link.ask(node, op, head, body, timeout)
-        except DOWN as exc:
-            raise BrokerUnavailable(f"Redis is unreachable: cannot reach node {node}") from exc
+        except DOWN as exc:  # not from _publish_raw, which says how far it went: it may have
+            raise MaybeSent(f"Redis failed while asking node {node}: {exc}") from exc
 
     async def _publish_raw(self, channel: str, message: bytes) -> int:
+        """PUBLISH a message to another node (a request or a reply); how many received it.
+
+        On a connection taken here rather than by ``Redis.publish``, so that a failure says how
+        far the message went (``Rubris.send_to`` must not call a message that was passed on
+        undelivered): ``BrokerUnavailable`` when nothing was written (no connection to be had,
+        the connection or its health check failed, Redis refused the command), ``MaybeSent``
+        once the command may have been written (Redis may have passed it on)."""
         assert self._redis is not None
-        receivers: int = await self._redis.publish(channel, message)
-        return receivers
+        pool: Any = self._redis.connection_pool  # a redis_pool.Pool: get_connection untyped
+        try:
+            conn = await pool.get_connection()  # PoolBusy (nothing sent) when none comes free
+        except DOWN as exc:
+            raise BrokerUnavailable(f"Redis is unreachable: {exc}") from exc
+        try:
+            try:
+                await conn.check_health()
+            except DOWN as exc:
+                raise BrokerUnavailable(f"Redis is unreachable: {exc}") from exc
+            try:  # redis-py disconnects the connection itself when this fails or is cancelled
+                await conn.send_packed_command(
+                    conn.pack_command("PUBLISH", channel, message), check_health=False
+                )
+                receivers = await conn.read_response()
+            except ResponseError as exc:  # refused (an ACL, say): published to nobody
+                raise BrokerUnavailable(f"Redis refused PUBLISH: {exc}") from exc
+            except DOWN as exc:
+                raise MaybeSent(f"Redis failed during PUBLISH: {exc}") from exc
+        finally:
+            await pool.release(conn)
+        return int(receivers)
 
     async def _close_pubsub(self) -> None:
         ps, self._pubsub = self._pubsub, None
@@ -519,7 +667,7 @@ class RedisBroker(Broker):
         self._confirm.clear()
 
     async def _read_loop(self) -> None:
-        delay = BACKOFF[0]
+        delay = RETRY[0]
         while True:
             try:
                 if self._pubsub is None:
@@ -537,21 +685,25 @@ class RedisBroker(Broker):
                             self._reader_down = False
                             log.warning("Redis reachable again: %d topics followed", len(names))
                             self.queues.reconnected()
-                        delay = BACKOFF[0]
+                            self.answered()
+                        delay = RETRY[0]
                         await listen
                         continue
                     if self._reader_down:
                         self.queues.reconnected()
+                        self.answered()
                     self._reader_down = False
-                delay = BACKOFF[0]
+                delay = RETRY[0]
                 await self._listen(self._pubsub)
-            except DOWN as exc:
-                self._down("reader", exc)
+            except (*DOWN, PoolBusy) as exc:
+                if not isinstance(exc, PoolBusy):  # a wait for a connection: Redis answers
+                    self._reader_down = True
+                    self.lost("reader", exc)
                 for f in self._following.values():
                     f.state = _JOINING  # what comes after the reconnection waits for history
                 await self._close_pubsub()
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, BACKOFF[1])
+                await self.pause(delay)
+                delay = min(2 * delay, RETRY[1])
 
     async def _listen(self, ps: Any) -> None:
         confirm = self._confirm
@@ -596,7 +748,7 @@ class RedisBroker(Broker):
             # snapshot's last message lost with a connection)
             self._refreshed = now
             live = [f for f in self._following.values() if f.state == _LIVE]
-            self.background(self._quietly(self._catch_up(live)))
+            self.background(self._quietly(self._catch_up_patiently(live)))
 
     async def _unfollow(self, names: list[str]) -> None:
         ps = self._pubsub
@@ -608,7 +760,9 @@ class RedisBroker(Broker):
         back = [n for n in names if n in self._following]
         if back:
             await self._subscribe(back)
-            await self._catch_up([self._following[n] for n in back if n in self._following])
+            await self._catch_up_patiently(
+                [self._following[n] for n in back if n in self._following]
+            )
 
     async def _quietly(self, aw: Any) -> None:
         with contextlib.suppress(*DOWN, BrokerUnavailable):
@@ -616,7 +770,7 @@ class RedisBroker(Broker):
 
     def stats(self) -> BrokerStats:
         c = self.counters
-        c.up = not (self._writer_down or self._reader_down or self.queues.down)
+        c.up = self._up and not self._reader_down
         c.pending = len(self._outbox)
         c.following = len(self._following)
         c.items_pending = self.queues.pending

@@ -4,7 +4,9 @@ Redis here shares: ``DOWN`` (what a lost Redis raises) and ``until_answered`` (r
 Every node listens on its own channel, ``P n:NODE``. A request names an operation that the
 receiving node registered (``on``), carries a small JSON head and a body of bytes, and gets
 one reply on the asking node's channel. This is how a long-poll request that reaches a node
-other than its session's is answered by the session's node (transports/longpoll.py).
+other than its session's is answered by the session's node (transports/longpoll.py). A reply
+lost or late raises ``NoReply`` (a ``TimeoutError``), which says nothing about Redis being
+down, nor that the request was not acted on.
 
 A message is ``head \\n body``: ``head`` is JSON without a newline (orjson writes none),
 ``{"op": ..., "rid": n, "from": NODE, ...}`` for a request, ``{"re": n, ...}`` for its reply
@@ -24,12 +26,15 @@ import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .base import Head, NodeGone
+from .base import Abandoned, Head, NodeGone, NoReply
 
 log = logging.getLogger("rubris_asgi.broker")
 
-DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
-"""What a lost or unreachable Redis raises."""
+DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
+"""What a lost or unreachable Redis raises (redis-py's own, and a socket's error it lets
+through). Not ``OSError`` as a whole: since Python 3.11 ``asyncio.TimeoutError`` is the
+builtin ``TimeoutError``, an ``OSError``, and a wait of ours that timed out (a reply from
+another node) is no sign that Redis is away."""
 BACKOFF = (0.05, 1.0)
 """Seconds between attempts while Redis is unreachable: first, most (doubling)."""
 
@@ -82,8 +87,10 @@ class NodeLink:
     async def ask(
         self, node: str, op: str, head: Head, body: bytes, timeout: float
     ) -> tuple[Head, bytes]:
-        """Ask ``node`` and wait for its reply. Raises ``NodeGone``, ``TimeoutError``, what
-        Redis raises, or ``RuntimeError`` with the other node's error."""
+        """Ask ``node`` and wait for its reply. Raises ``NodeGone`` (nobody received it), what
+        the publish raises (``Broker.ask`` says what each means), ``NoReply`` (sent, no reply
+        within ``timeout``), ``Abandoned`` (this node stopped meanwhile), or ``RuntimeError``
+        with the other node's error."""
         rid = next(self._rids)
         fut: asyncio.Future[tuple[Head, bytes]] = asyncio.get_running_loop().create_future()
         self._asks[rid] = fut
@@ -91,7 +98,10 @@ class NodeLink:
             msg = orjson.dumps({**head, "op": op, "rid": rid, "from": self.node}) + b"\n" + body
             if not await self._publish(self.prefix + "n:" + node, msg):
                 raise NodeGone(f"node {node} is not listening")
-            reply, data = await asyncio.wait_for(fut, timeout)
+            try:
+                reply, data = await asyncio.wait_for(fut, timeout)
+            except asyncio.TimeoutError:
+                raise NoReply(f"no reply from node {node} to {op} in {timeout:g} s") from None
         finally:
             self._asks.pop(rid, None)
         if "error" in reply:
@@ -136,4 +146,4 @@ class NodeLink:
             task.cancel()
         for fut in self._asks.values():
             if not fut.done():
-                fut.set_exception(NodeGone("this node is stopping"))
+                fut.set_exception(Abandoned("this node is stopping"))

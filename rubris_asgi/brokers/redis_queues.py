@@ -40,15 +40,15 @@ import functools
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
 
 from ..errors import BrokerUnavailable, QueueFull
 from ..queues import QueueItem, QueueTopic
 from . import redis_queue_scripts as scripts
-from .redis_nodes import DOWN, until_answered
+from .redis_nodes import DOWN
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -72,6 +72,9 @@ AUDIT = 30.0
 """Seconds between checks of this node's custody in Redis against what it knows it holds."""
 
 
+T = TypeVar("T")
+
+
 class Carrier(Protocol):
     """What the queues need of their broker (``RedisBroker``)."""
 
@@ -81,6 +84,15 @@ class Carrier(Protocol):
 
     @property
     def redis(self) -> Redis: ...
+
+    @property
+    def up(self) -> bool: ...
+
+    def answered(self) -> None: ...
+
+    async def until_answered(self, call: Callable[[], Awaitable[T]], who: str) -> T: ...
+
+    def require_durable(self, what: str) -> None: ...
 
     def accepting(self, messages: int, nbytes: int) -> bool: ...
 
@@ -141,7 +153,6 @@ class RedisQueues:
         """Items taken from Redis for this node's consumers."""
         self.reclaimed = 0
         """Items of dead nodes this node gave back to their queues."""
-        self.down = False
         self._engine: Engine | None = None
         self._views: dict[str, _View] = {}
         self._puts: deque[tuple[QueueTopic, QueueItem, bytes]] = deque()
@@ -217,6 +228,12 @@ class RedisQueues:
         self._engine = None
 
     @property
+    def down(self) -> bool:
+        """Redis unreachable, as the latest call of any part of the node found it (one
+        state for the whole broker: whichever call gets through first ends it)."""
+        return not self.broker.up
+
+    @property
     def pending(self) -> int:
         """New items waiting to be sent to Redis."""
         return len(self._puts)
@@ -238,7 +255,9 @@ class RedisQueues:
         return max(v.length, 0) + v.pending
 
     def put(self, q: QueueTopic, item: QueueItem) -> None:
-        if not self.broker.accepting(0, 0):  # Redis away (this module's calls too)
+        # an item accepted is promised to a consumer: never into a Redis that would lose it
+        self.broker.require_durable("work-queue items")
+        if not self.broker.up:  # Redis away (this module's calls too)
             raise BrokerUnavailable("Redis is unreachable: item refused, try again shortly")
         if self.free(q) < 1:
             v = self._views[q.name]
@@ -296,19 +315,7 @@ class RedisQueues:
 
     async def _call(self, script: str, args: list[Any]) -> Any:
         """Run a script until Redis answers it (the same arguments: each is idempotent)."""
-        return await until_answered(
-            lambda: self._scripts[script](args=args), self._went_down, self._came_back
-        )
-
-    def _went_down(self, exc: BaseException) -> None:
-        if not self.down:
-            self.down = True
-            log.warning("Redis unreachable (queues): %s; items refused until back", exc)
-
-    def _came_back(self) -> None:
-        if self.down:
-            self.down = False
-            log.warning("Redis reachable again: queue items taken")
+        return await self.broker.until_answered(lambda: self._scripts[script](args=args), "queues")
 
     def _lengths(self, answer: list[Any], start: int) -> None:
         """``name, length`` pairs at the end of a script's answer."""
@@ -470,8 +477,8 @@ class RedisQueues:
                 answer = await self._scripts["BEAT"](
                     args=[self.prefix, self.node, self.lapse_ms, "0"]
                 )
-                if self.down and not self._puts and not self._settles:
-                    self.down = False  # nothing of this module's waits: Redis answers again
+                if not self.broker.up:
+                    self.broker.answered()  # Redis answers again: what waits is sent at once
                 if int(answer[0]):
                     self.reclaimed += int(answer[0])
                     log.warning("%d queue items of dead nodes given back", int(answer[0]))
@@ -493,7 +500,9 @@ class RedisQueues:
                     got = await pipe.execute()
                     for v, n, version in zip(views, got[::2], got[1::2], strict=True):
                         self.heard(v.q.name, b"%d:%d" % (n, int(version or 0)))
-            except DOWN:
-                continue  # the next beat tries again (the writer's retries say when it is back)
+            except (*DOWN, BrokerUnavailable):
+                # the next beat tries again (the writer's retries say when Redis is back); a
+                # BrokerUnavailable here only waited for a free connection of this node's
+                continue
             except Exception:
                 log.exception("queue heartbeat failed")

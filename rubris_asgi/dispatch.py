@@ -108,10 +108,11 @@ class Dispatcher:
                 self.engine.nack(s, msg.topic, msg.tag, msg.requeue)
 
     async def handle_first(self, s: Session, msgs: Iterable[Message]) -> None:
-        """The messages after the HELLO of a connection's first frame. A resumed session's
-        rings were parked when it was taken (``Engine.park_rings``): the client's SUBSCRIBEs
-        here reposition them, and whatever it did not restate goes on once the frame is
-        handled, however it ends."""
+        """The messages after the HELLO of a connection's first frame, called as the session
+        is attached. A resumed session's rings are parked (``Engine.park_rings``) before
+        anything can be sent: the client's SUBSCRIBEs here reposition them, and whatever it
+        did not restate goes on once the frame is handled, however that ends."""
+        self.engine.park_rings(s)  # before the first await: no cycle comes in between
         try:
             await self.handle(s, msgs)
         finally:

@@ -164,12 +164,22 @@ class Engine:
         epoch/since after its HELLO), and nothing newer may go out before that replay. A parked
         cursor is past any head, so the cycle passes it by at no cost to the hot loop.
         """
-        s.parked = [(sub, sub.cursor) for sub in s.subs.values() if sub.mode == RING]
-        for sub, _ in s.parked:
-            sub.cursor = PARKED
+        # a client that gave up on a slow resume and resumes again parks what is parked
+        # already: the cursors kept are those from before the first, and the rings wait for
+        # the last of the resuming frames
+        s.resuming += 1
+        held = {sub for sub, _ in s.parked}
+        for sub in s.subs.values():
+            if sub.mode == RING and sub not in held:
+                s.parked.append((sub, sub.cursor))
+                sub.cursor = PARKED
 
     def unpark(self, s: Session) -> None:
-        """The resuming frame is handled: rings it did not restate go on where they were."""
+        """A resuming frame is handled: once the last one is, the rings none of them restated
+        go on where they were."""
+        s.resuming -= 1
+        if s.resuming > 0:
+            return
         parked, s.parked = s.parked, []
         for sub, cursor in parked:
             if sub.cursor == PARKED:

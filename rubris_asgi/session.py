@@ -72,6 +72,7 @@ class Session:
         "transport",
         "data",
         "parked",
+        "resuming",
         "__weakref__",
     )
 
@@ -119,6 +120,8 @@ class Session:
         """Free for the application (e.g. per-session state of handlers)."""
         self.parked: list[tuple[Sub, int]] = []
         """Ring subscriptions held, with their cursors, while a resuming frame is handled."""
+        self.resuming = 0
+        """Resuming frames being handled (a client may give up on one and resume again)."""
 
     def has_work(self) -> bool:
         return bool(self.direct) or bool(self.pending)

@@ -113,6 +113,37 @@ def test_a_ring_the_resuming_frame_does_not_restate_goes_on_where_it_was() -> No
     assert seqs(sink2.take()) == [2]
 
 
+def test_a_client_that_resumes_again_while_its_first_resume_is_handled_loses_nothing() -> None:
+    """Two resuming frames in flight (the client gave up on a slow first one): the rings
+    keep the cursors from before the first and wait for the last frame to be handled."""
+    e = Engine(clock=FakeClock())
+    s, sink = engine_connect(e)
+    t = e.topic("r", Mode.RING, ring=16)
+    u = e.topic("u", Mode.RING, ring=16)
+    e.subscribe(s, t, 1, 0, 0)
+    e.subscribe(s, u, 2, 0, 0)
+    e.publish(t, 0)
+    e.publish(u, 0)
+    drain(e)
+    sink.take()
+    e.detach(s)
+    e.park_rings(s)  # the first resuming frame, still being handled
+    e.park_rings(s)  # the second
+    sink2 = RecordingSink(e, s)
+    e.attach(s, sink2)
+    e.publish(t, 1)
+    e.publish(u, 1)
+    e.unpark(s)  # the first frame is done: the second may still restate
+    drain(e)
+    assert sink2.take() == []
+    e.subscribe(s, u, 3, u.epoch, 0)  # the second frame restates u from its start
+    e.unpark(s)
+    drain(e)
+    got = [(m.topic, m.seq) for f in sink2.take() for m in f if isinstance(m, Push)]
+    assert sorted(got) == [(t.number, 2), (u.number, 1), (u.number, 2)]
+    assert s.parked == [] and s.resuming == 0
+
+
 def test_a_late_joiner_gets_the_last_n_the_ring_holds_oldest_first() -> None:
     e = Engine(clock=FakeClock())
     t = e.topic("r", Mode.RING, ring=8)

@@ -137,10 +137,8 @@ class Gateway:
         return s
 
     def _take(self, s: Session) -> None:
-        """A resumed session leaves the connection it had, if any; its rings wait for the
-        positions the client restates in this frame (``Dispatcher.handle_first``)."""
+        """A resumed session leaves the connection it had, if any."""
         engine = self.engine
-        engine.park_rings(s)
         old = s.sink
         if old is not None:
             old.superseded()

@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import sys
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import MaxConnectionsError
 
 from ..errors import BrokerUnavailable
-
-if sys.version_info >= (3, 11):
-    from asyncio import timeout as _timeout
-else:  # redis-py depends on it before 3.11.3
-    from async_timeout import timeout as _timeout  # type: ignore[import-not-found,unused-ignore]
 
 MAX_CONNECTIONS = 64
 """Connections to Redis one node opens at most, by default (``max_connections``): one is the
@@ -59,11 +53,7 @@ class Pool(aioredis.ConnectionPool):
         self._free = asyncio.Semaphore(max_connections)
 
     async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
-        try:
-            async with _timeout(self.timeout):  # unlike wait_for, never loses an acquired one
-                await self._free.acquire()
-        except asyncio.TimeoutError:
-            raise self._busy() from None
+        await self._take()
         get = super().get_connection  # untyped in redis-py
         try:
             if command_name is None and not keys and not options:
@@ -75,6 +65,31 @@ class Pool(aioredis.ConnectionPool):
         except BaseException:
             self._free.release()
             raise
+
+    async def _take(self) -> None:
+        """A free connection's permit within ``timeout``, else ``PoolBusy``. A wait given up
+        (timed out, or its command cancelled) never keeps a permit it got at the last moment:
+        that one goes back as soon as the wait ends."""
+        if not self._free.locked():  # the common case: a permit at once, no task
+            await self._free.acquire()
+            return
+        waiter = asyncio.ensure_future(self._free.acquire())
+        try:
+            done, _ = await asyncio.wait((waiter,), timeout=self.timeout)
+        except BaseException:
+            self._give_up(waiter)
+            raise
+        if not done:
+            self._give_up(waiter)
+            raise self._busy()
+
+    def _give_up(self, waiter: asyncio.Future[Any]) -> None:
+        waiter.cancel()
+        waiter.add_done_callback(self._return)
+
+    def _return(self, waiter: asyncio.Future[Any]) -> None:
+        if not waiter.cancelled() and waiter.exception() is None:
+            self._free.release()
 
     async def release(self, connection: Any) -> None:
         await super().release(connection)  # raises for a connection not in use: no release

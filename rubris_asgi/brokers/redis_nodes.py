@@ -1,5 +1,6 @@
 """``NodeLink``: requests from one node to another through Redis pub/sub; and what every user of
-Redis here shares: ``DOWN`` (what a lost Redis raises) and ``until_answered`` (retry, backing off).
+Redis here shares: ``DOWN``, what a lost Redis raises (``RedisBroker.until_answered`` retries
+a call on it).
 
 Every node listens on its own channel, ``P n:NODE``. A request names an operation that the
 receiving node registered (``on``), carries a small JSON head and a body of bytes, and gets
@@ -20,7 +21,6 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -35,33 +35,6 @@ DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
 through). Not ``OSError`` as a whole: since Python 3.11 ``asyncio.TimeoutError`` is the
 builtin ``TimeoutError``, an ``OSError``, and a wait of ours that timed out (a reply from
 another node) is no sign that Redis is away."""
-BACKOFF = (0.05, 1.0)
-"""Seconds between attempts while Redis is unreachable: first, most (doubling)."""
-
-T = TypeVar("T")
-
-
-async def until_answered(
-    call: Callable[[], Awaitable[T]],
-    down: Callable[[BaseException], None],
-    back: Callable[[], None],
-) -> T:
-    """Await ``call()`` until Redis answers it (``call`` must be safe to repeat: the scripts
-    answer a repeat from their first run): ``down(exc)`` after each failure, then a pause;
-    ``back()`` once it answered."""
-    delay = BACKOFF[0]
-    while True:
-        try:
-            answer = await call()
-        except DOWN as exc:
-            down(exc)
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, BACKOFF[1])
-            continue
-        back()
-        return answer
-
-
 Handler = Callable[[Head, bytes], Awaitable[tuple[Head, bytes]]]
 Publish = Callable[[str, bytes], Awaitable[int]]
 """``f(channel, message)``: publish on Redis; how many subscribers received it."""

@@ -106,7 +106,12 @@ async def test_a_page_moved_to_another_node_keeps_its_session_or_recovers(
                 b.publish("ring.page", i)
             await wait(page, "() => window.got.length === 8")
             assert len(b.relays.entries) == 1 and len(a.relays.homes) == 1  # resumed via B
-            assert len(await page.evaluate("() => window.infos")) == 1  # no new subscription
+            # no new subscription: the resume restated the ring (protocol §5), answered as a
+            # recovery of the same one, nothing missing
+            infos = await page.evaluate("() => window.infos")
+            assert len(infos) == 2 and infos[1]["recovered"], infos
+            assert infos[0]["epoch"] == infos[1]["epoch"], infos
+            assert await page.evaluate("() => window.client.resumed") is True
             # its session gone (as with node A), the page starts one on B and recovers
             sid = next(iter(a.relays.homes))
             a.engine.end_session(a.engine.sessions[sid])
@@ -117,8 +122,9 @@ async def test_a_page_moved_to_another_node_keeps_its_session_or_recovers(
             got = await page.evaluate("() => window.got")
             assert got == [[i + 1, i] for i in range(11)]
             infos = await page.evaluate("() => window.infos")
-            assert len(infos) == 2 and infos[1]["recovered"]
-            assert infos[0]["epoch"] == infos[1]["epoch"]
+            assert len(infos) == 3 and infos[2]["recovered"]
+            assert infos[0]["epoch"] == infos[2]["epoch"]
+            assert await page.evaluate("() => window.client.resumed") is False
             assert b.stats().connected == 1 and not b.relays.entries
             a.publish("ring.page", 11)  # one topic still: A's publish reaches the page on B
             await wait(page, "() => window.got.length === 12")

@@ -96,6 +96,8 @@ async def main() -> None:
             while sum(done.values()) < 20:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
             print(f"done {sum(done.values())} jobs, each once: {set(done.values()) == {1}}")
+            while rubris.queue_stats("thumbnails").acked < 20:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)  # the last ACKs are still on their way to the server
             stats = rubris.queue_stats("thumbnails")
             print(
                 f"enqueued {stats.enqueued}, duplicates {stats.duplicates}, "

@@ -455,3 +455,31 @@ async def test_with_redis_the_default_batch_store_is_shared(url: str) -> None:
         await b.batches.ack(group.ids())
         st = await a.batches.status(batch)
         assert (st.done, st.state.value) == (2, "open")
+
+
+async def test_a_reader_cut_off_while_redis_is_paused_hears_its_topics_again(url: str) -> None:
+    """The subscriber connection is killed while Redis answers nobody for longer than the
+    node's timeouts: the reader keeps trying, and the node hears its topics once Redis
+    answers, nothing of them missed."""
+    async with nodes(url, n=1, connect_timeout=0.5) as [(a, base)]:
+        async with Client(base + "/rubris") as c:
+            _sub, got = await collect(c, "ring.heard")
+            assert await a.publish_async("ring.heard", 0) == 1
+            await until(lambda: len(got) == 1, "the first message")
+            async with Redis.from_url(url) as r:
+                # every command of every client waits 1.5 s; the pubsub connection goes now
+                await r.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+                await r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            await asyncio.sleep(2.5)  # the reader's SUBSCRIBE timed out (0.5 s) at least once
+            seq = 0
+            for _ in range(100):  # refused while the node takes Redis for away
+                try:
+                    seq = await a.publish_async("ring.heard", 1)
+                    break
+                except BrokerUnavailable:
+                    await asyncio.sleep(0.05)
+            assert seq == 2
+            await until(lambda: len(got) == 2, "the message after Redis answered again")
+            assert got == [(1, 0), (2, 1)]
+            assert isinstance(a.broker, RedisBroker)
+            assert all(not t.done() for t in a.broker._tasks), a.broker._tasks

@@ -49,6 +49,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..engine import Engine
 from ..errors import BrokerUnavailable
@@ -495,7 +496,14 @@ class RedisBroker(Broker):
                 fut = self._confirm[channel] = loop.create_future()
             waits.append(fut)
         await self._pubsub.subscribe(*(self._channel + n.encode() for n in names))
-        await asyncio.wait_for(asyncio.gather(*waits), self.connect_timeout)
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), self.connect_timeout)
+        except asyncio.TimeoutError:
+            # Redis's silence, so one of DOWN: a TimeoutError (an OSError) no longer is, and the
+            # reader that met it here ended for good, its topics never heard again
+            raise RedisTimeoutError(
+                f"Redis did not confirm SUBSCRIBE within {self.connect_timeout:g} s"
+            ) from None
 
     async def _catch_up(self, follows: Sequence[_Follow]) -> None:
         """Read what each topic missed from Redis's history, then what arrived meanwhile, and
@@ -695,7 +703,11 @@ class RedisBroker(Broker):
                     self._reader_down = False
                 delay = RETRY[0]
                 await self._listen(self._pubsub)
-            except (*DOWN, PoolBusy) as exc:
+            except Exception as exc:  # DOWN, PoolBusy, or anything unexpected
+                if not isinstance(exc, (*DOWN, PoolBusy)):
+                    # the reader must outlive anything: dead, it leaves every followed topic
+                    # unheard, with nothing to tell the clients
+                    log.exception("the reader failed; reconnecting to Redis")
                 if not isinstance(exc, PoolBusy):  # a wait for a connection: Redis answers
                     self._reader_down = True
                     self.lost("reader", exc)

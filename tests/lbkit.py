@@ -4,12 +4,27 @@ Clients get one address, as behind nginx. ``route(i)`` sends new connections to 
 ``rotate=True`` sends each new connection to the next node in turn (no sticky routing);
 ``cut()`` drops every open connection (the plug pulled: both sides see the socket close), so
 a client reconnects, through the balancer, to whichever node is routed to now.
+
+Two faults for tests/test_faults.py, both on the connections open at the call only (new ones
+are routed as usual):
+
+``reset()`` ends them abortively, SO_LINGER 0 before the close, so the kernel sends a TCP RST
+to both the client and the node instead of a FIN: what a crashed middlebox or a peer's reboot
+does, each side learning at once and nothing in flight being delivered.
+
+``blackhole()`` makes them a dead path: from then on the balancer reads what either side sends
+and drops it, forwarding nothing in either direction, and closes nothing; one side's close is
+not passed on either. Each side learns only by its own timeout (the client's heartbeat, the
+node's silent-connection check), as when a NAT entry or a route disappears. A blackholed
+connection ends when both sides have closed it, or at ``cut()``/``reset()``/exit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from types import TracebackType
 from urllib.parse import urlsplit
 
@@ -24,6 +39,8 @@ class Balancer:
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._dead: set[asyncio.StreamWriter] = set()  # blackholed: read and dropped
+        self._handlers: set[asyncio.Task[object]] = set()  # one a connection, awaited at exit
 
     @property
     def base(self) -> str:
@@ -40,7 +57,27 @@ class Balancer:
                 w.transport.abort()
         self._open.clear()
 
+    def reset(self) -> None:
+        """Drop every open connection with a TCP RST to both sides (SO_LINGER 0)."""
+        for w in list(self._open):
+            with contextlib.suppress(OSError):
+                sock = w.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.cut()
+
+    def blackhole(self) -> int:
+        """Stop forwarding on every open connection, both ways, closing nothing; returns how
+        many connections (client side) it took."""
+        before = len(self._dead)
+        self._dead.update(self._open)
+        return (len(self._dead) - before) // 2
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.add(me)
+            me.add_done_callback(self._handlers.discard)
         target = self.targets[self.index]
         self.connections[self.index] += 1
         if self.rotate:
@@ -57,17 +94,22 @@ class Balancer:
         ]
         self._tasks.update(pumps)
         await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        if writer in self._dead:
+            # a dead path passes no close on: the other side learns by its own timeout
+            await asyncio.wait(pumps)
         for p in pumps:
             p.cancel()
         for w in (writer, up_w):
             self._open.discard(w)
+            self._dead.discard(w)
             w.transport.abort()
         self._tasks.difference_update(pumps)
 
-    @staticmethod
-    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await src.read(65536):
+                if dst in self._dead:
+                    continue  # the path is dead: what was sent is lost on the way
                 dst.write(data)
                 await dst.drain()
 
@@ -84,6 +126,11 @@ class Balancer:
         self.cut()
         for t in list(self._tasks):
             t.cancel()
+        # every connection's handler has closed both its sockets before the loop goes on (a
+        # socket left to the garbage collector is a ResourceWarning in some later test)
+        if self._handlers:
+            await asyncio.wait(set(self._handlers), timeout=5)
+        self.cut()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

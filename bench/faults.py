@@ -1,0 +1,186 @@
+"""Faults at scale: what each everyday fault costs two nodes on one Redis, with 1,000 sessions.
+
+Not a test. tests/test_faults.py's scenarios (tests/faultkit.py: the machinery, the load and
+what is counted) at a larger scale: a fresh ``redis-server`` (append-only file, DEBUG enabled)
+and two uvicorn nodes of tests/fault_app.py per scenario, ``--clients`` (1,000) sessions of the
+project's Python client in this process behind tests/lbkit.py's balancer, a steady load through
+node B (one publish per ring topic, ``--sends`` ``send_to`` and ``--items`` work items every
+``--tick`` s), the fault in the middle:
+
+    reset          every connection to node A reset by RST at once; clients resume via B
+    blackhole      every path to node A dead without a reset, noticed by the heartbeat (2-3 s)
+    kill           node A killed (SIGKILL) with its sessions and the work items it held
+    redis_restart  Redis stopped and started again (appendonly yes), 1 s away
+    redis_stall    Redis answers nobody for node_timeout + 1.5 s (DEBUG SLEEP)
+    burst          every session of node A resumed via B at once, then one send_to from B to
+                   each of them at once
+
+The clients are all on node A for the faults of a node or a path, half on each node for the
+faults of Redis. Each scenario takes 30-230 s, all six about 10 minutes (571 s on 3f1f320):
+after the faults that move every client of a node, its sessions are carried through Redis one
+frame at a time and the clients take 90-190 s to catch up (the "settle s" column).
+
+    python bench/faults.py                       # all six, 1,000 sessions
+    python bench/faults.py --clients 200 --only reset,kill
+
+Per scenario, a table row of the counts (ring seqs expected, received, GAPed, lost without a
+GAP, doubled; accepted publishes never numbered; sends ok / refused / unknown, lost, doubled,
+refused yet delivered; work items accepted, lost, run twice, redelivered without a higher
+attempt, left in Redis; clients reconnected, resumed, given new sessions; seconds to reconnect).
+
+Last line, over all scenarios: ``silent_ring_loss=0 private_lost=0 private_doubled=0
+queue_lost=0 queue_doubled=N false_refusals=0 resumed=N/N`` (queue_doubled: work items run
+twice for any reason; resumed: sessions resumed of those whose node lived on when their
+connection was dropped). ``private_gone_with_node`` (messages not yet acknowledged to the
+sessions of the killed node, which the docs name as lost and the client learns of by a new
+session) is printed apart and not in ``private_lost``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from tests.faultkit import SCENARIOS, Scale, Tally, raise_nofile, scenario  # noqa: E402
+
+COLUMNS: list[tuple[str, str]] = [
+    ("ring_expected", "ring seqs"),
+    ("ring_gapped", "gap"),
+    ("silent_ring_loss", "ring lost"),
+    ("ring_doubled", "ring x2"),
+    ("ring_unnumbered", "pub lost"),
+    ("private_ok", "send ok"),
+    ("private_refused", "refused"),
+    ("private_unknown", "unknown"),
+    ("private_lost", "priv lost"),
+    ("private_doubled", "priv x2"),
+    ("false_refusals", "false ref"),
+    ("queue_accepted", "items"),
+    ("queue_lost", "item lost"),
+    ("queue_doubled", "item x2"),
+    ("queue_unmarked", "unmarked"),
+    ("queue_left", "left"),
+]
+
+
+def table(tallies: list[Tally]) -> str:
+    head = [
+        "scenario",
+        *(label for _, label in COLUMNS),
+        "resumed",
+        "reconn s",
+        "settle s",
+        "ring/s",
+        "s",
+    ]
+    rows = [head]
+    for t in tallies:
+        resumed = f"{t.resumed}/{t.resumes_expected}" if t.resumes_expected else "-"
+        if t.new_sessions and not t.resumes_expected:
+            resumed = f"new {t.new_sessions}"
+        rows.append(
+            [
+                t.name,
+                *(f"{getattr(t, key):,}" for key, _ in COLUMNS),
+                resumed,
+                f"{t.reconnect_s:.1f}" if t.reconnect_s else "-",
+                f"{t.ring_settle_s:.1f}" + ("" if t.ring_settled else "!"),
+                f"{t.ring_rate:,.0f}",
+                f"{t.seconds:.0f}",
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = []
+    for n, r in enumerate(rows):
+        lines.append(
+            " | ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+        if n == 0:
+            lines.append("-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def details(t: Tally) -> str:
+    out = [
+        f"{t.name}: {SCENARIOS[t.name][3]}; {t.clients} clients",
+        f"  publishes accepted {t.publishes_accepted} refused {t.publishes_refused} unknown "
+        f"{t.publishes_unknown}; clients with silent ring loss {t.clients_with_silent_loss}",
+        f"  send_to outcomes {t.refusals or {}} (unanswered {t.private_unanswered}, unknown "
+        f"delivered {t.unknown_delivered}, gone with the killed node {t.private_gone_with_node})",
+        f"  items refused {t.queue_refused} unknown {t.queue_unknown}, redelivered "
+        f"{t.queue_redelivered}; reconnected {t.reconnected}, new sessions {t.new_sessions}; "
+        f"node log lines {t.node_log_lines}",
+        f"  phases {t.phases}",
+        f"  rings settled {t.ring_settled} in {t.ring_settle_s:.1f} s after the end marker, "
+        f"{t.ring_rate:,.0f} ring messages/s to the clients meanwhile",
+    ]
+    if t.burst_sends:
+        out.append(f"  burst: {t.burst_sends} concurrent send_to, {t.burst_failed} not ok")
+    out.extend("  " + line for note in t.notes for line in note.splitlines()[:6])
+    return "\n".join(out)
+
+
+async def amain(args: argparse.Namespace) -> list[Tally]:
+    names = [n for n in SCENARIOS if not args.only or n in args.only.split(",")]
+    tallies = []
+    for name in names:
+        scale = Scale(
+            clients=args.clients,
+            topics=args.topics,
+            tick=args.tick,
+            sends_per_tick=args.sends,
+            items_per_tick=args.items,
+            work_s=0.2,
+            before_s=2.0,
+            after_s=7.0 if name in ("blackhole", "redis_stall") else 4.0,
+            inflight_s=15.0,
+        )
+        print(f"--- {name}: {SCENARIOS[name][3]} ({args.clients} sessions)", flush=True)
+        t = await scenario(name, scale)
+        print(details(t), flush=True)
+        tallies.append(t)
+    return tallies
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--clients", type=int, default=1000, help="sessions over the two nodes")
+    ap.add_argument("--topics", type=int, default=1, help="ring topics every client follows")
+    ap.add_argument("--tick", type=float, default=0.1, help="seconds between load rounds")
+    ap.add_argument("--sends", type=int, default=20, help="send_to each round")
+    ap.add_argument("--items", type=int, default=4, help="work items each round")
+    ap.add_argument("--only", default="", help="comma-separated scenarios")
+    args = ap.parse_args()
+    raise_nofile()
+    started = time.monotonic()
+    tallies = asyncio.run(amain(args))
+    print()
+    print(table(tallies))
+    print(f"done in {time.monotonic() - started:.0f} s", flush=True)
+    resumed = sum(t.resumed for t in tallies)
+    expected = sum(t.resumes_expected for t in tallies)
+    print(
+        f"silent_ring_loss={sum(t.silent_ring_loss + t.ring_unnumbered for t in tallies)} "
+        f"private_lost={sum(t.private_lost for t in tallies)} "
+        f"private_doubled={sum(t.private_doubled for t in tallies)} "
+        f"queue_lost={sum(t.queue_lost for t in tallies)} "
+        f"queue_doubled={sum(t.queue_doubled for t in tallies)} "
+        f"false_refusals={sum(t.false_refusals for t in tallies)} "
+        f"resumed={resumed}/{expected}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

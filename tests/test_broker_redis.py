@@ -74,7 +74,20 @@ async def test_a_publish_on_either_node_reaches_both_numbered_once(url: str) -> 
                 assert (a if i % 2 else b).publish("ring.t", i) == 0  # Redis numbers it
                 if i % 7 == 0:
                     await asyncio.sleep(0.005)
-            await until(lambda: len(got_a) == len(got_b) == 30, "30 messages on each node")
+            try:
+                await until(lambda: len(got_a) == len(got_b) == 30, "30 messages on each node")
+            except AssertionError:
+                # what each side had, to tell a node that missed them from a client that did
+                seen = {
+                    name: (
+                        [seq for seq, _ in got],
+                        r.engine.topics["ring.t"].seq,
+                        vars(r.stats().broker),
+                        c.stats,
+                    )
+                    for name, r, got, c in (("a", a, got_a, ca), ("b", b, got_b, cb))
+                }
+                raise AssertionError(f"not 30 messages on each node: {seen}") from None
             assert got_a == got_b  # the same seq for the same message everywhere
             assert [seq for seq, _ in got_a] == list(range(1, 31))
             assert sorted(v for _, v in got_a) == list(range(30))

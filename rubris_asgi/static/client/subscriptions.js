@@ -60,6 +60,22 @@ class WireSubscription {
   }
 }
 
+/** What SUBSCRIBED says of `wire`'s topic, as onSubscribed gets it. */
+function subscribedInfo(wire, m) {
+  return {
+    name: wire.name, mode: m.mode, codec: m.codec, epoch: m.epoch, head: m.head,
+    recovered: m.recovered === 1,
+  };
+}
+
+/** The listeners already on `wire` take `info` and hear of it (runs in delivery order). */
+function tellListeners(wire, info) {
+  for (const sub of [...wire.listeners]) {
+    sub.info = info;
+    safeCall(sub._opts.onSubscribed, info);
+  }
+}
+
 export const subscriptionMethods = {
   // ----- public API --------------------------------------------------------------------------
 
@@ -266,20 +282,14 @@ export const subscriptionMethods = {
     wire.mode = m.mode;
     wire.codec = m.codec;
     wire.epoch = m.epoch;
-    wire.info = {
-      name: wire.name, mode: m.mode, codec: m.codec, epoch: m.epoch, head: m.head,
-      recovered: m.recovered === 1,
-    };
+    wire.info = subscribedInfo(wire, m);
     if (!this._queueSubscribed(wire, m)) return;
     this._byTopic.set(m.topic, wire);
     const info = wire.info;
     this._enqueue({
       t: "fn",
       fn: () => {
-        for (const sub of [...wire.listeners]) {
-          sub.info = info;
-          safeCall(sub._opts.onSubscribed, info);
-        }
+        tellListeners(wire, info);
         for (const sub of [...wire.joining]) this._join(wire, sub, info, asked ? m.head : null);
         // Items wait for this point, so a handler never runs before its onSubscribed.
         if (wire.state === "active") wire.consumer?._start();
@@ -305,20 +315,9 @@ export const subscriptionMethods = {
       if (m.mode === Mode.RING) wire.lastSeq = m.head;
       wire.epoch = m.epoch;
     }
-    const info = {
-      name: wire.name, mode: m.mode, codec: m.codec, epoch: m.epoch, head: m.head,
-      recovered: m.recovered === 1,
-    };
+    const info = subscribedInfo(wire, m);
     wire.info = info;
-    this._enqueue({
-      t: "fn",
-      fn: () => {
-        for (const sub of [...wire.listeners]) {
-          sub.info = info;
-          safeCall(sub._opts.onSubscribed, info);
-        }
-      },
-    });
+    this._enqueue({ t: "fn", fn: () => tellListeners(wire, info) });
   },
 
   /**

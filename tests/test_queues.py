@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from rubris_asgi.errors import ErrorCode, ProtocolError, QueueFull
@@ -330,13 +332,15 @@ def test_estimator_waits_for_measurements() -> None:
     est.on_ack(1.104, [1.0])  # first ACK: a sojourn, no processing time yet
     assert est.value == 4 and est.round_trip == pytest.approx(0.104)  # no processing time yet
     # items sent long before the previous ACK: the consumer worked through them back to back,
-    # 4 ms each; one measurement needs a round trip of such intervals, and may at most double
+    # 4 ms each; the first measurement takes three such intervals (the first frame's items),
+    # the next ones a round trip of them, and each may at most double the prefetch
     values = []
     for k in range(1, 80):
         est.on_ack(1.104 + 0.004 * k, [1.0])
         values.append(est.value)
     assert est.processing == pytest.approx(0.004)
-    assert values[24] == 4 and values[25] == 8  # the first sample, capped at twice the prefetch
+    assert values[1] == 4 and values[2] == 8  # the first sample, capped at twice the prefetch
+    assert values[27] == 8 and values[28] == 16  # a round trip (104 ms) of busy intervals later
     assert sorted(set(values)) == [4, 8, 16, 26] and values[-1] == 26
 
 
@@ -389,3 +393,185 @@ def test_server_codel_never_revokes_what_the_consumer_may_be_working_on(delay: f
     started = [item.tag for item, _ in c.done]
     assert not set(started) & c.revoked
     assert sorted(int(item.payload) for item, _ in c.done) == list(range(n))
+
+
+# --------------------------------------------------------------------------- issue 26: exact
+
+
+def _stalled_consumer(prefetch: int = 10, n: int = 6) -> tuple[Any, ...]:
+    """One consumer holding ``n`` items that never ACKs: CoDel (unmeasured: after the 1 s
+    allowance) takes back what it holds beyond the two it may have started."""
+    engine, clock, q = make_engine()
+    a, sink_a, sub = consumer(engine, q, prefetch=prefetch)
+    for i in range(n):
+        engine.enqueue(q, i)
+    run(engine)
+    held = items(sink_a)
+    assert len(held) == n
+    for _ in range(300):  # 1.5 s
+        clock.advance(0.005)
+        engine.queue_tick()
+        run(engine)
+    return engine, clock, q, a, sink_a, sub, held
+
+
+def test_an_ack_that_races_its_revoke_settles_the_item() -> None:
+    """protocol.md section 5: a consumer that started an item as its REVOKE was on the way
+    finishes it and ACKs; the ACK settles the item if it was not delivered again (here: the
+    only consumer, which gets nothing back while CoDel takes items from it), so it is not run
+    a second time."""
+    engine, clock, q, a, sink_a, sub, held = _stalled_consumer()
+    gone = revokes(sink_a)
+    assert len(gone) >= 2 and held[0].tag not in gone  # never the oldest, the one in hand
+    assert len(q.ready) == len(gone)  # back at the head, not dealt back to the same consumer
+    before = q.stats.acked
+    ack(engine, a, q, gone[0])  # it had started the newest one, and finished it
+    assert q.stats.acked == before + 1 and q.stats.late_acked == 1
+    assert len(q.ready) == len(gone) - 1
+    ack(engine, a, q, gone[0])  # twice: nothing more
+    assert q.stats.acked == before + 1
+    # the consumer recovers: it ACKs what it holds and gets the rest, each item once
+    ack(engine, a, q, *sub.outstanding)
+    for _ in range(200):
+        clock.advance(0.005)
+        engine.queue_tick()
+        run(engine)
+        got = items(sink_a)
+        ack(engine, a, q, *(m.tag for m in got))
+        held += got
+    payloads = [m.payload for m in held]
+    # six items, six ACKs that counted: the late-acked item never came again, each other one
+    # taken back came once more
+    assert q.stats.acked == 6 and q.snapshot().waiting == 0 and not sub.outstanding
+    late = next(m.payload for m in held if m.tag == gone[0])
+    assert payloads.count(late) == 1
+    assert sorted(set(payloads)) == sorted(str(i).encode() for i in range(6))
+    assert all(payloads.count(p) == 2 for m in held if m.tag in gone[1:] for p in [m.payload])
+
+
+def test_an_ack_after_the_item_went_to_another_consumer_is_ignored() -> None:
+    engine, clock, q, a, sink_a, sub, held = _stalled_consumer()
+    gone = revokes(sink_a)
+    b, sink_b, _ = consumer(engine, q, prefetch=10)
+    run(engine)
+    moved = items(sink_b)
+    assert {m.payload for m in moved} == {m.payload for m in held if m.tag in gone}
+    before = q.stats.acked
+    ack(engine, a, q, gone[0])  # delivered again already: that delivery's ACK counts
+    assert q.stats.acked == before and q.stats.late_acked == 0
+    ack(engine, b, q, *(m.tag for m in moved))
+    assert q.stats.acked == before + len(moved)
+
+
+def test_a_revoked_item_never_goes_straight_back_to_its_consumer() -> None:
+    """Measured before: during Redis stalls items were delivered and revoked within 0.2 ms, up
+    to 5 times, as each REVOKE freed the prefetch that took the item back. A REVOKE now holds
+    the consumer to what it kept until CoDel stops taking items back."""
+    engine, clock, q, a, sink_a, sub, held = _stalled_consumer(prefetch=10, n=10)
+    frames = [frame for frame in sink_a.take()]
+    again = [m for f in frames for m in f if isinstance(m, Item)]
+    assert again == []  # nothing re-sent to it while CoDel took items back
+    assert q.stats.revoked >= 3 and len(q.ready) == q.stats.revoked
+    assert all(it.attempt == 1 for it in q.ready)
+
+
+@pytest.mark.parametrize("delay", [0.0005, 0.050])
+def test_server_codel_follows_the_floors_of_protocol_section_5(delay: float) -> None:
+    """A consumer holding 12 items of 100 ms each: target and interval become one and two
+    processing times (100 and 200 ms), the queueing delay is ACK time - delivery - round trip -
+    processing, and REVOKEs follow interval / sqrt(count) down to what it may have started."""
+    engine, clock, q = make_engine(prefetch=12)
+    sim = Simulation(engine, clock)
+    c = sim.add(q, delay=delay, work=0.100)
+    for i in range(12):
+        engine.enqueue(q, i)
+    run(engine)  # all twelve to the first
+    # a second consumer, idle, to take what is revoked
+    other = sim.add(q, delay=delay, work=0.001)
+    sim.run_until(clock.now + 3.0)
+    assert q.stats.acked == 12
+    codel = c.sub.codel
+    assert codel is not None
+    assert codel.target == pytest.approx(0.100, rel=0.05)
+    assert codel.interval == pytest.approx(0.200, rel=0.05)
+    started = {item.tag for item, _ in c.done}
+    assert not started & c.revoked
+    # the control law, worked by hand: the delay of item k is 100 ms x (k - 1), above target
+    # from the third ACK, so the first REVOKE comes an interval later (the fifth ACK), the next
+    # 200 ms after it and the next 141 ms after that. Next door, each one finds 7, 4 and 2
+    # items out, and takes back the newest of all three (never the oldest: the one in hand).
+    # 50 ms away, the third would reach the consumer as it starts the newer of its two items,
+    # so only two are taken back: a revoked item was never started
+    assert len(c.revoked) == (3 if delay < 0.01 else 2), c.revoked
+    assert len(other.done) == len(c.revoked)
+
+
+@pytest.mark.parametrize(("delay", "work", "formula"), [(0.050, 0.100, 2), (0.050, 0.004, 26)])
+def test_auto_prefetch_is_the_formula_with_at_most_2_while_starving(
+    delay: float, work: float, formula: int
+) -> None:
+    """round trip / processing + 1, plus at most 2 while the consumer starves."""
+    engine, clock, q = make_engine()
+    sim = Simulation(engine, clock)
+    c = sim.add(q, delay=delay, work=work)
+    for i in range(3000):
+        engine.enqueue(q, i)
+    seen: list[int] = []
+    for _ in range(40):
+        sim.run_until(clock.now + 0.25)
+        seen.append(c.sub.estimator.value)
+    assert formula <= seen[-1] <= formula + 2, seen
+    assert max(seen[len(seen) // 2 :]) <= formula + 2, seen
+    assert c.sub.estimator.extra <= 2
+
+
+def _stalls(c: Any, sim: Simulation, every: float, length: float, until: float) -> None:
+    """The consumer's event loop blocks ``length`` every ``every`` seconds: nothing is
+    started, and nothing it finished is ACKed, until it ends."""
+    t = sim.clock.now + every
+    while t < until:
+        sim.at(t, _block, c, sim, length)
+        t += every
+
+
+def _block(c: Any, sim: Simulation, length: float) -> None:
+    c.busy_until = max(c.busy_until, sim.clock.now + length)
+    sim.at(sim.clock.now + length, sim._start, c)
+
+
+def test_stalls_do_not_cut_the_prefetch_of_a_fast_consumer() -> None:
+    """Measured before: a consumer's loop blocked 300 ms every 3 s pushed the estimate of a
+    4 ms job to 49 ms and the prefetch to 1. One sample spoiled by a stall is outvoted."""
+    engine, clock, q = make_engine()
+    sim = Simulation(engine, clock)
+    c = sim.add(q, delay=0.050, work=0.004)
+    for i in range(9000):
+        engine.enqueue(q, i)
+    sim.run_until(clock.now + 3.0)
+    start = clock.now
+    _stalls(c, sim, 3.0, 0.300, start + 20.0)
+    values, processing = [], []
+    while clock.now < start + 20.0:
+        sim.run_until(clock.now + 0.1)
+        values.append(c.sub.estimator.value)
+        processing.append(c.sub.estimator.processing)
+    assert max(processing) < 0.006, max(processing)
+    assert min(values[10:]) >= 20, values
+    # and the consumer stayed busy between the stalls: 17 s of work at 4 ms in 20 s
+    assert sum(1 for _, t in c.done if t > start) * 0.004 > 0.80 * 17.0
+
+
+def test_a_starving_consumer_whose_estimate_was_too_high_recovers() -> None:
+    """A consumer slowed to 40 ms for a while, then back to 4 ms: its items never wait at the
+    prefetch the slow spell left, so it shows no busy interval; its pace (items finished per
+    round trip) bounds its processing time, and the prefetch climbs back to the formula."""
+    engine, clock, q = make_engine()
+    sim = Simulation(engine, clock)
+    c = sim.add(q, delay=0.050, work=0.040)
+    for i in range(9000):
+        engine.enqueue(q, i)
+    sim.run_until(clock.now + 4.0)
+    assert c.sub.estimator.value <= 6
+    c.work = 0.004
+    sim.run_until(clock.now + 6.0)
+    assert 24 <= c.sub.estimator.value <= 28, c.sub.estimator.value

@@ -367,3 +367,111 @@ async def test_items_held_for_a_node_that_does_not_know_them_go_back(url: str) -
             assert (item.value, item.attempt) == ("known", 1) and item.ack()
             await until(lambda: b.queue_stats("jobs.audit").acked == 1, "acked")
     assert await leftovers(url, "jobs.audit") == (0, 0)
+
+
+async def test_no_node_is_taken_for_dead_for_a_silence_that_was_redis_own(url: str) -> None:
+    """BEAT: a node silent past the lapse is taken for dead and its custody goes back, unless
+    nobody at all beat meanwhile: then Redis was not answering (stalled, restarting) and every
+    node gets a whole lapse from now. Measured before: an item ACKed during a 12 s Redis stall
+    was delivered again, its node's custody reclaimed by the first other node to beat."""
+    from rubris_asgi.brokers.redis_queue_scripts import BEAT
+
+    redis = Redis.from_url(url)
+    try:
+        beat = redis.register_script(BEAT)
+        sec, usec = await redis.time()
+        now = sec * 1000 + usec // 1000
+        await redis.zadd("rubris:nodes", {"a": now - 10_000, "b": now - 10_000})
+        await redis.hset("rubris:qh:jobs.x:a", "a.1", b"0:1:a.1:0:\npayload")
+        await redis.sadd("rubris:qn:a", "jobs.x")
+        await redis.set("rubris:beat", now - 10_000)  # nobody beat for 10 s: Redis was away
+        answer = await beat(args=["rubris:", "b", 3000, "0", 1500])
+        assert int(answer[0]) == 0  # nothing reclaimed
+        assert await redis.zscore("rubris:nodes", "a") is not None
+        assert await redis.hlen("rubris:qh:jobs.x:a") == 1
+        # a is silent again past the lapse while b beats: a really is gone
+        sec, usec = await redis.time()
+        now = sec * 1000 + usec // 1000
+        await redis.zadd("rubris:nodes", {"a": now - 10_000})
+        await redis.set("rubris:beat", now - 500)
+        answer = await beat(args=["rubris:", "b", 3000, "0", 1500])
+        assert int(answer[0]) == 1
+        assert await redis.zscore("rubris:nodes", "a") is None
+        assert await redis.lrange("rubris:q:jobs.x", 0, -1) == [b"1:2:a.1:0:\npayload"]
+    finally:
+        await redis.aclose()
+
+
+async def test_an_item_acked_while_redis_stalls_is_not_done_again() -> None:
+    """Two nodes, Redis stalled (DEBUG SLEEP) past node_timeout while a consumer ACKs the item
+    it holds: when Redis wakes, whichever node beats first, the item is settled, never
+    delivered again."""
+    with RedisServer(args=("--enable-debug-command", "local")) as server:
+        async with nodes(server.url) as [(a, url_a), (b, url_b)]:
+            async with Client(url_a) as ca, Client(url_b) as cb:
+                held = await ca.consume("jobs.stall", prefetch=1)
+                other = await cb.consume("jobs.stall", prefetch=1)
+                a.enqueue("jobs.stall", "once")
+                item = await held.get(timeout=5)
+                stall = asyncio.create_task(_debug_sleep(server.port, 4.5))  # > node_timeout 3
+                await asyncio.sleep(0.5)
+                assert item.ack()
+                await stall
+                await asyncio.sleep(3.5)  # beats from both nodes, and a lapse
+                with pytest.raises(asyncio.TimeoutError):
+                    await other.get(timeout=0.1)
+                with pytest.raises(asyncio.TimeoutError):
+                    await held.get(timeout=0.1)
+                await until(lambda: a.queue_stats("jobs.stall").acked == 1, "acked")
+                assert a.stats().broker.items_reclaimed + b.stats().broker.items_reclaimed == 0
+        assert await leftovers(server.url, "jobs.stall") == (0, 0)
+
+
+async def _debug_sleep(port: int, seconds: float) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    arg = f"{seconds:.3f}"
+    writer.write(f"*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n${len(arg)}\r\n{arg}\r\n".encode())
+    try:
+        reply = await asyncio.wait_for(reader.readline(), seconds + 10)
+        assert reply.startswith(b"+OK"), reply
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("sent", [False, True])
+async def test_an_ack_that_races_its_revoke_settles_the_item_in_redis(url: str, sent: bool) -> None:
+    """protocol.md section 5 across nodes: a consumer started an item as its REVOKE was on the
+    way, finishes it and ACKs. Its give-back is cancelled if it had not left the node yet
+    (``sent`` False), else the item is taken out of the queue in Redis, where it still waits:
+    acked once, never delivered again."""
+    async with nodes(url, codel_target=0.020) as [(a, url_a), _]:
+        async with Client(url_a) as ca:
+            k = await ca.consume("jobs.race", prefetch=3)
+            for i in range(3):
+                a.enqueue("jobs.race", i)
+            held = [await k.get(timeout=5) for _ in range(3)]  # all three started
+            q = a.engine.queues["jobs.race"]
+            sub = next(iter(q.consumers))
+            broker = a.broker
+            assert isinstance(broker, RedisBroker)
+            await until(lambda: not broker.queues._settles, "quiet")
+            if not sent:
+                broker.queues._wake.clear()
+                writer = broker.queues._tasks[0]
+                writer.cancel()  # the give-back waits on this node
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
+            tag = sub.revoke()  # as CoDel does; its REVOKE reaches the client after the start
+            assert tag == held[-1].tag
+            if sent:
+                await until(lambda: a.queue_stats("jobs.race").waiting >= 1, "back in Redis")
+            for item in held:
+                assert item.ack()
+            await until(lambda: q.stats.late_acked == 1, "the late ACK settled it")
+            if not sent:
+                broker.queues._tasks[0] = asyncio.create_task(broker.queues._write_loop())
+            await until(lambda: a.queue_stats("jobs.race").acked == 3, "acked")
+            with pytest.raises(asyncio.TimeoutError):
+                await k.get(timeout=0.5)  # never delivered again
+            await until(lambda: not broker.queues._settles, "settled in Redis")
+    assert await leftovers(url, "jobs.race") == (0, 0)

@@ -7,7 +7,8 @@ Keys, for the prefix ``P`` (default ``rubris:``), a queue topic ``NAME`` and a n
   consumer's free prefetch, or delivered and not yet ended), by item key.
 - ``P qn:NODE`` (a set): the queues NODE holds items of.
 - ``P qi:NAME`` (a sorted set): item ids enqueued within the dedup window, scored by time.
-- ``P nodes`` (a sorted set): every live node, scored by its last heartbeat (Redis's clock).
+- ``P nodes`` (a sorted set): every live node, scored by its last heartbeat (Redis's clock);
+  ``P beat``: the time of the latest heartbeat of any node.
 - ``P qb:BATCH``, ``P qt:NODE:TAKE``: the answer to a batch of items, the keys of one take,
   for a minute: sent again after a lost connection, they are answered from the first run.
 - ``P qv:NAME``: the version of the queue's length, one more at each change told.
@@ -126,7 +127,7 @@ SETTLE = (
     _TELL
     + """
 local P, node = ARGV[1], ARGV[2]
-local out, touched = {}, {}
+local out, touched, withdrawn = {}, {}, {}
 local i = 3
 while i <= #ARGV do
   local held = P .. 'qh:' .. ARGV[i] .. ':' .. node
@@ -134,6 +135,15 @@ while i <= #ARGV do
   if dest == '' then
     for j = i + 4, i + 3 + n do redis.call('HDEL', held, ARGV[j]) end
     i = i + 4 + n
+  elseif how == 'w' then
+    local q = P .. 'q:' .. dest
+    for j = i + 4, i + 3 + 2 * n, 2 do
+      if redis.call('LREM', q, 1, ARGV[j + 1]) == 1 then
+        withdrawn[#withdrawn + 1] = ARGV[j]
+        touched[dest] = true
+      end
+    end
+    i = i + 4 + 2 * n
   else
     local q = P .. 'q:' .. dest
     for j = i + 4, i + 3 + 2 * n, 2 do
@@ -149,26 +159,41 @@ while i <= #ARGV do
     i = i + 4 + 2 * n
   end
 end
+out[1] = #withdrawn
+for k = 1, #withdrawn do out[k + 1] = withdrawn[k] end
 tell(P, touched, out)
 return out
 """
 )
 """ARGV: prefix, node, then per run of items of one queue to one place: the queue's name, the
-destination queue ('' none: ACKed or dropped), 'h' (to its head) or 't' (to its tail), the
-run's length n, then n keys ('' destination) or n pairs: key, record. An item the node no
-longer holds (reclaimed while it was cut off, or settled by a first run) is left alone.
-Answers ``name, length:version`` for each queue that grew."""
+destination queue ('' none: ACKed or dropped), 'h' (to its head), 't' (to its tail) or 'w'
+(*withdraw*: a given-back item ACKed after all, taken out of the destination's list if it still
+waits there), the run's length n, then n keys ('' destination) or n pairs: key, record. An
+item the node no longer holds (reclaimed while it was cut off, or settled by a first run) is
+left alone. Answers how many items were withdrawn and their keys, then ``name,
+length:version`` for each queue that changed."""
 
 BEAT = (
     _NOW
     + _TELL
     + """
 local P, node, lapse, leaving = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
+local pause = tonumber(ARGV[5] or '0')
 local nodes = P .. 'nodes'
 local gone, bump = {node}, 0
 if not leaving then
   redis.call('ZADD', nodes, now, node)
-  gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now - lapse)
+  local last = tonumber(redis.call('GET', P .. 'beat') or '0')
+  redis.call('SET', P .. 'beat', now)
+  if pause > 0 and last > 0 and now - last > pause then
+    -- nobody beat for longer than nodes beat: Redis itself was not answering (stalled,
+    -- restarting), and every node's silence is its, not theirs; each gets a whole lapse
+    -- from now before it is taken for dead
+    for _, d in ipairs(redis.call('ZRANGE', nodes, 0, -1)) do redis.call('ZADD', nodes, now, d) end
+    gone = {}
+  else
+    gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now - lapse)
+  end
   bump = 1
 end
 local out, touched, moved = {}, {}, 0
@@ -202,8 +227,12 @@ tell(P, touched, out)
 return out
 """
 )
-"""ARGV: prefix, node, how long a node may miss its heartbeat (ms), '1' when the node leaves.
-A heartbeat: the node's time in ``P nodes``; then every node silent for longer is taken for
+"""ARGV: prefix, node, how long a node may miss its heartbeat (ms), '1' when the node leaves,
+and the *pause* (ms). A heartbeat: the node's time in ``P nodes``; when no node at all beat
+for longer than the pause (``P beat``: the latest heartbeat of any node), Redis was not
+answering, so every node's time is set to now and none is taken for dead this time (measured
+without it: an item ACKed during a 12 s stall was delivered again as its node's custody was
+reclaimed by the first other node to beat). Else every node silent for longer is taken for
 dead and the items it held go back to the head of their queues, one more failure and one more
 delivery each (their consumers were lost, perhaps after starting them: the next consumer sees
 an attempt above 1, a redelivery). A node that leaves gives back what it still holds as it

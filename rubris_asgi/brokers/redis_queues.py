@@ -68,6 +68,9 @@ PENDING_MAX = 1024
 nodes together may pass a queue's ``max_length`` (each checks the length it last heard)."""
 BEAT = 1.0
 """Seconds between heartbeats (and length checks)."""
+WITHDRAW_MAX = 4096
+"""Withdrawals on their way to Redis at most (an ACK racing its REVOKE is rare); beyond, the
+ACK is ignored, as for an item delivered again."""
 AUDIT = 30.0
 """Seconds between checks of this node's custody in Redis against what it knows it holds."""
 
@@ -149,6 +152,8 @@ class RedisQueues:
         self.prefix = broker.prefix
         self.node = broker.node
         self.lapse_ms = str(int(node_timeout * 1000))
+        # no heartbeat from any node for this long: Redis was away, nobody is taken for dead
+        self.pause_ms = str(int(min(node_timeout / 2, 2.5 * BEAT) * 1000))
         self.taken = 0
         """Items taken from Redis for this node's consumers."""
         self.reclaimed = 0
@@ -159,6 +164,8 @@ class RedisQueues:
         self._settles: deque[tuple[bytes, ...]] = deque()
         self._settling: list[tuple[bytes, ...]] = []
         """The settles on their way to Redis (the custody still holds them)."""
+        self._withdrawing: dict[bytes, tuple[QueueTopic, QueueItem]] = {}
+        """Given-back items ACKed after all, by key, until Redis says whether they waited."""
         self._audited = 0.0
         self._keys = itertools.count(1)
         self._batches = itertools.count(1)
@@ -178,7 +185,9 @@ class RedisQueues:
             self._scripts[name] = redis.register_script(getattr(scripts, name))
         self._engine = engine
         try:  # this node in the table of live nodes, and a first look for dead ones
-            await self._scripts["BEAT"](args=[self.prefix, self.node, self.lapse_ms, "0"])
+            await self._scripts["BEAT"](
+                args=[self.prefix, self.node, self.lapse_ms, "0", self.pause_ms]
+            )
         except DOWN as exc:
             raise BrokerUnavailable(f"cannot reach Redis at start: {exc}") from exc
         engine.queue_home = self
@@ -285,6 +294,39 @@ class RedisQueues:
             dest.stats.enqueued += len(items)
         self._wake.set()
 
+    def withdraw(self, q: QueueTopic, item: QueueItem) -> bool:
+        """A given-back ``item`` was ACKed (it had been started as its REVOKE travelled): cancel
+        its give-back if it has not left this node (True: it is in the custody still, and the
+        ACK's settle ends it), else take it out of the queue in Redis if no node took it
+        meanwhile (False: counted as acked when Redis says it was still there)."""
+        name, key = q.name.encode(), str(item.key).encode()
+        settles = self._settles
+        for i, op in enumerate(settles):
+            if op[1] == key and op[0] == name and op[3] == b"h":
+                del settles[i]
+                return True
+        if len(self._withdrawing) < WITHDRAW_MAX:
+            self._withdrawing[key] = (q, item)
+            settles.append((name, key, name, b"w", encode_item(item)))
+            self._wake.set()
+        return False
+
+    def _withdrawn(self, keys: list[Any], ops: list[tuple[bytes, ...]]) -> None:
+        """The answer to withdrawals: the items named were still waiting, now ACKed."""
+        for key in keys:
+            k = key if isinstance(key, bytes) else str(key).encode()
+            found = self._withdrawing.pop(k, None)
+            if found is None:
+                continue
+            q, item = found
+            q.stats.acked += 1
+            q.stats.late_acked += 1
+            if item.batch_item is not None and q.on_item_end is not None:
+                q.on_item_end(item.batch_item, False)
+        for op in ops:  # the others had been taken again: their next delivery settles them
+            if op[3] == b"w":
+                self._withdrawing.pop(op[1], None)
+
     def want(self, q: QueueTopic) -> None:
         self._wanting[q] = None
         self._want.set()
@@ -346,7 +388,10 @@ class RedisQueues:
                         if to:
                             args.append(op[4])
                 try:
-                    self._lengths(await self._call("SETTLE", args), 0)
+                    answer = await self._call("SETTLE", args)
+                    n = int(answer[0])
+                    self._withdrawn(answer[1 : 1 + n], ops)
+                    self._lengths(answer, 1 + n)
                 except Exception:  # a script error: a bug, never a reason to stop
                     log.exception("Redis refused to settle %d queue items", len(ops))
                 self._settling = []
@@ -475,7 +520,7 @@ class RedisQueues:
             await asyncio.sleep(BEAT)
             try:
                 answer = await self._scripts["BEAT"](
-                    args=[self.prefix, self.node, self.lapse_ms, "0"]
+                    args=[self.prefix, self.node, self.lapse_ms, "0", self.pause_ms]
                 )
                 if not self.broker.up:
                     self.broker.answered()  # Redis answers again: what waits is sent at once

@@ -80,7 +80,10 @@ class CoDel:
                 return False
             if now >= self.drop_next:
                 self.count += 1
-                self.drop_next += self.interval / math.sqrt(self.count)
+                # from now when it fell behind (the buffer was not looked at for a while: a
+                # stalled loop): one drop, not a burst to catch up with the schedule
+                step = self.interval / math.sqrt(self.count)
+                self.drop_next = max(self.drop_next + step, now + step / 2)
                 return True
             return False
         if not above:

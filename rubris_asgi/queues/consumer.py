@@ -31,6 +31,8 @@ from .prefetch import PrefetchEstimator
 from .topic import QueueItem, QueueTopic
 
 QUEUE = int(Mode.QUEUE)
+REVOKED_KEPT = 256
+"""Revoked tags remembered per consumer, for an ACK that races its REVOKE."""
 
 
 class QueueSub(Sub):
@@ -45,6 +47,9 @@ class QueueSub(Sub):
         "estimator",
         "codel",
         "capped_until",
+        "ceiling",
+        "acked_since",
+        "revoked",
         "live",
     )
 
@@ -66,6 +71,16 @@ class QueueSub(Sub):
         self.codel = CoDel(target, settings.codel_interval) if target else None
         self.capped_until = 0.0
         """Held to its measured prefetch until then: CoDel took items back lately."""
+        self.ceiling = 0
+        """While CoDel takes items back (0: not): the most this consumer may hold, what it held
+        after the last REVOKE. A revoked item is never dealt back to the consumer it was taken
+        from (measured without it: items delivered and revoked within 0.2 ms, 5 times over)."""
+        self.acked_since = False
+        """The consumer ACKed something since the last REVOKE (the ceiling lifts only then)."""
+        self.revoked: dict[int, tuple[QueueItem, int]] = {}
+        """The latest revoked tags: their item and its delivery count then. An ACK of one that
+        has not been delivered again settles it (protocol.md section 5: a REVOKE racing the
+        start costs no second run)."""
         self.live = False
         """Connected: a consumer whose connection is gone gets nothing (and holds nothing)."""
 
@@ -81,6 +96,8 @@ class QueueSub(Sub):
         if self.capped_until:
             # a standing queue inside the consumer lately: no more than its measured need
             limit = min(limit, self.estimator.value)
+        if self.ceiling:
+            limit = min(limit, self.ceiling)
         return limit - len(self.lane) - len(self.outstanding)
 
     def has_more(self) -> bool:
@@ -92,6 +109,7 @@ class QueueSub(Sub):
         return (
             not self.outstanding
             and not self.capped_until
+            and not self.ceiling
             and not self.estimator.probe_from
             and (codel is None or not (codel.first_above or codel.dropping))
         )
@@ -109,6 +127,7 @@ class QueueSub(Sub):
         for tag in tags:
             self._check(tag)
         done: list[QueueItem] = []
+        late: list[QueueItem] = []
         sent: list[float] = []
         out = self.outstanding
         # it held all it may while items waited: if they did not wait at the consumer either,
@@ -122,13 +141,27 @@ class QueueSub(Sub):
             if d is not None:
                 done.append(d[0])
                 sent.append(d[1])
+            elif tag in self.revoked:
+                item, attempt = self.revoked.pop(tag)
+                # taken back while the consumer worked it: its ACK settles it unless it was
+                # delivered again meanwhile (that delivery's outcome then counts)
+                if item.attempt == attempt and q.withdraw(item):
+                    q.stats.late_acked += 1
+                    late.append(item)
+        if late or done:
+            self.acked_since = True
+        if late:
+            q.stats.acked += len(late)
+            if q.home is not None:
+                q.home.settle(q, late, None, False)
+            q.touch()
         if done:
             q.stats.acked += len(done)
             if q.home is not None:
                 q.home.settle(q, done, None, False)
             self.estimator.on_ack(now, sent, starving)
             q.touch()
-        return done
+        return done + late if late else done
 
     def nack(self, tag: int, requeue: bool) -> QueueItem | None:
         """Give delivery ``tag`` back (to the head of the queue) or dead-letter it."""
@@ -166,6 +199,9 @@ class QueueSub(Sub):
         back.extend(self.lane)
         self.outstanding.clear()
         self.lane.clear()
+        self.revoked.clear()
+        self.ceiling = 0
+        self.acked_since = False
         if not lost:
             q.stats.requeued += len(back)
         q.requeue(back)
@@ -183,6 +219,9 @@ class QueueSub(Sub):
                 self.lane.clear()
         codel = self.codel
         if codel is None or not self.live:
+            if self.ceiling and self.acked_since:
+                self.ceiling = 0
+                self.queue.touch()
             return 0
         out = self.outstanding
         if est.processing:
@@ -192,16 +231,15 @@ class QueueSub(Sub):
             base = self.queue.settings
             codel.target = max(base.codel_target or codel.target, est.processing)
             codel.interval = max(base.codel_interval, 2 * est.processing)
-        if len(out) > self.in_hand():
-            oldest_sent = out[next(iter(out))][1]
-            # the time an item may take without a standing queue: round trip + processing, plus
-            # one processing time for the item that may be in progress when it arrives
-            allowance = (
-                est.sojourn + est.processing
-                if est.processing
-                else self.queue.settings.unmeasured_allowance
-            )
-            drop = codel.should_drop(now - oldest_sent - allowance, now)
+        delay = 0.0
+        if out:
+            # protocol.md section 5: ACK time - delivery time - round trip - processing, as it
+            # stands now for the oldest item (its ACK cannot come earlier than now): the
+            # smallest delivery-to-ACK time is round trip + processing
+            allowance = est.sojourn if est.processing else self.queue.settings.unmeasured_allowance
+            delay = now - out[next(iter(out))][1] - allowance
+        if len(out) > self.in_hand(now):
+            drop = codel.should_drop(delay, now)
         else:
             # nothing beyond what the consumer may be working on: no standing queue (CoDel
             # never drops a queue's last packet); revoking those would have them done twice
@@ -212,24 +250,60 @@ class QueueSub(Sub):
         elif self.capped_until and now >= self.capped_until:
             self.capped_until = 0.0
             self.queue.touch()  # the standing queue is long gone: it may take its fill again
-        if not drop:
+        if (
+            self.ceiling
+            and self.acked_since
+            and not codel.dropping
+            and (not out or delay < codel.target)
+        ):
+            self.ceiling = 0  # the standing queue is gone: its measured prefetch again
+            self.queue.touch()
+        return self.revoke() if drop else 0
+
+    def revoke(self) -> int:
+        """Take back the newest outstanding delivery (to the head of the queue); returns its
+        tag, for the REVOKE the caller sends (0: nothing outstanding)."""
+        out = self.outstanding
+        if not out:
             return 0
         tag = next(reversed(out))
         item, _ = out.pop(tag)
         q = self.queue
         q.stats.revoked += 1
+        revoked = self.revoked
+        revoked[tag] = (item, item.attempt)
+        if len(revoked) > REVOKED_KEPT:
+            del revoked[next(iter(revoked))]
+        # no more than it holds now until the standing queue is gone: the item just taken back
+        # must not come straight back to it
+        self.ceiling = max(1, len(out) + len(self.lane))
+        self.acked_since = False
         q.requeue([item])
         return tag
 
-    def in_hand(self) -> int:
-        """Outstanding items the consumer may have started: the one in progress (the oldest,
-        as consumers take items in order) and those finished whose ACKs are on their way (a
-        round trip's worth); CoDel revokes only beyond these."""
+    def in_hand(self, now: float) -> int:
+        """Outstanding items the consumer may have started by the time a REVOKE sent now
+        reaches it; CoDel revokes only beyond these, so a revoked item has not been started
+        and is not run twice.
+
+        The oldest outstanding item is the one in progress (consumers take items in order, and
+        the clients give back the newest); it began no earlier than the consumer's latest ACK
+        left it (half a round trip before that ACK arrived), so the next one begins no earlier
+        than a processing time after that, at the consumer's fastest lately. And it had not
+        finished half a round trip ago (its ACK would be here), so by the time a REVOKE
+        arrives it has started at most a round trip's worth more. Both with a quarter of the
+        round trip (at least 2 ms) for the error of these estimates.
+        """
         est = self.estimator
+        p = est.fastest
         rtt = est.round_trip
-        if not est.processing or rtt is None:
+        if not p or rtt is None:
+            return 2
+        slack = rtt + max(0.002, rtt / 4)
+        since = now - est.last_ack + slack - p
+        if since < 0:
             return 1
-        return 1 + math.ceil(rtt / est.processing)
+        return 1 + min(1 + math.floor(slack / p), 1 + math.floor(since / p))
 
     def __repr__(self) -> str:
         return (

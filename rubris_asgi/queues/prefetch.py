@@ -15,31 +15,48 @@ The server measures both from the consumer's ACKs alone, so any client benefits:
   them back to back. Such intervals are summed until they span a round trip, and the sum
   divided by the items they ended is one sample: ACKs that arrive bunched (a pause on either
   side) give one long interval and many near-zero ones, and only their sum says how fast the
-  consumer worked. A moving mean (gain 1/4) of the samples follows a change within a few round
-  trips.
+  consumer worked.
 
-Two corrections keep it honest. An estimate that is too small starves the consumer, and a
-starving consumer never shows its processing time (nothing waits): so when an ACK arrives from
-a consumer that held all it was allowed while items were waiting in the queue, and its items
-did not wait, the prefetch grows by one (at most once a round trip, as TCP's congestion
-avoidance does), until items do wait and a measurement takes over; and a measurement may at
-most double the prefetch (TCP's slow start), so one measurement gone wrong cannot hand a
-consumer hundreds of items at once. An
-estimate that is too large hides the round trip (every item waits, and the smallest
-delivery-to-ACK time then only says how long the buffer is): so when the smallest sample is
-``window`` old the estimator *probes*, as BBR's ProbeRTT does: the consumer is held to one
-item in flight until one item sent with nothing else outstanding is acknowledged, which
-measures round trip + processing cleanly. The consumer drains its buffer meanwhile; the probe
-costs about one round trip of idleness per ``window``.
+Three corrections keep it honest.
+
+- *Stalls.* A consumer whose event loop stalls (a garbage collection, a blocking call, a busy
+  machine) sends no ACK for a while, and the sample that spans the stall makes items look
+  slow. One such sample must not cut the prefetch of a consumer that is fast again the moment
+  the stall ends (measured: a 300 ms stall every 3 s pushed a moving mean from 4 ms to 49 ms
+  and the prefetch to 1). So the processing time is the *smallest* of the last
+  ``SAMPLES`` samples, as BBR keeps the largest delivery rate of a window: a stall spoils one
+  sample and is ignored; a consumer that really slows down spoils them all, and the estimate
+  follows after ``SAMPLES`` samples (a few round trips; meanwhile CoDel takes back what waits).
+- *Starving.* An estimate that is too small starves the consumer, and a starving consumer never
+  shows its processing time (nothing waits): so when an ACK arrives from a consumer that held
+  all it was allowed while items were waiting in the queue, and its items did not wait (it was
+  idle between its previous ACK and this item's arrival), the prefetch grows by one, at most
+  once a round trip and at most ``STARVING_MAX`` above what the measurements call for
+  (protocol.md section 5), until items wait and a measurement takes over. A measurement may at
+  most double the prefetch (TCP's slow start), so one measurement gone wrong cannot hand a
+  consumer hundreds of items at once.
+- *A hidden round trip.* An estimate that is too large hides the round trip (every item waits,
+  and the smallest delivery-to-ACK time then only says how long the buffer is): so when the
+  smallest sample is ``window`` old the estimator *probes*, as BBR's ProbeRTT does: the
+  consumer is held to one item in flight until one item sent with nothing else outstanding is
+  acknowledged, which measures round trip + processing cleanly. The consumer drains its buffer
+  meanwhile; the probe costs about one round trip of idleness per ``window``.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
-GAIN = 0.25
-"""Weight of a new processing-time sample in the moving mean."""
+SAMPLES = 5
+"""Processing-time samples kept: the estimate is their lower median (robust to stalls)."""
+RECENT_INTERVALS = 4
+"""ACK intervals that say how fast the consumer goes right now (``fastest``)."""
+FIRST_ITEMS = 3
+"""Back-to-back items that make the first sample (later ones span a round trip)."""
+STARVING_MAX = 2
+"""How far above the measured prefetch a starving consumer may grow (protocol.md section 5)."""
 SLACK = 1e-4
 """Clock slack (seconds) when deciding whether an item was already waiting at the consumer."""
 
@@ -53,14 +70,24 @@ class PrefetchEstimator:
         "window",
         "sojourn",
         "sojourn_at",
+        "sojourn_p",
         "processing",
+        "samples",
         "last_ack",
         "last_sent",
         "busy_time",
         "busy_items",
         "probe_from",
         "grown_at",
-        "value",
+        "measured",
+        "extra",
+        "span_from",
+        "span_items",
+        "span_sojourn",
+        "starved",
+        "pace",
+        "pace_wants",
+        "intervals",
     )
 
     def __init__(self, initial: int, maximum: int, window: float) -> None:
@@ -72,8 +99,11 @@ class PrefetchEstimator:
         self.sojourn = math.inf
         """The smallest delivery-to-ACK time seen lately: round trip + processing."""
         self.sojourn_at = 0.0
+        self.sojourn_p = 0.0
+        """The processing time when ``sojourn`` was seen (0: not measured then)."""
         self.processing = 0.0
-        """Seconds per item (0: not measured yet)."""
+        """Seconds per item: the lower median of recent samples (0: not measured yet)."""
+        self.samples: deque[float] = deque(maxlen=SAMPLES)
         self.last_ack = 0.0
         self.last_sent = 0.0
         """When the newest item of the previous ACK was sent."""
@@ -83,15 +113,53 @@ class PrefetchEstimator:
         self.probe_from = 0.0
         """While probing: when the probe began (deliveries sent since then are clean)."""
         self.grown_at = 0.0
-        self.value = initial
+        self.measured = initial
         """The prefetch the measurements call for (``initial`` until they exist)."""
+        self.extra = 0
+        """Added while the consumer starves, at most ``STARVING_MAX``; a measurement resets it."""
+        self.span_from = 0.0
+        self.span_items = 0
+        self.span_sojourn = 0.0
+        self.starved = False
+        """ACKs since ``span_from`` (a round trip's worth make a pace), and whether the
+        consumer starved meanwhile."""
+        self.pace = 0.0
+        """Seconds per item the consumer finished over the last span, when it starved."""
+        self.pace_wants = 0
+        """The items in flight that pace, at the span's mean delivery-to-ACK time, calls for."""
+        self.intervals: deque[float] = deque(maxlen=RECENT_INTERVALS)
+        """The latest intervals between ACKs, per item: how fast the consumer goes right now."""
+
+    @property
+    def value(self) -> int:
+        """The prefetch this consumer gets: measured, plus what starving added."""
+        return min(self.maximum, self.measured + self.extra)
 
     @property
     def round_trip(self) -> float | None:
-        """The round trip without processing, once measured."""
+        """The round trip without processing, once measured: the smallest delivery-to-ACK time
+        less the processing time of that moment (so a consumer that slows down later does not
+        shrink it); the whole of it when processing was not measured yet (erring large)."""
         if self.sojourn == math.inf:
             return None
-        return max(0.0, self.sojourn - self.processing)
+        return max(0.0, self.sojourn - self._processing_then())
+
+    def _processing_then(self) -> float:
+        """What to take off the smallest sojourn for the round trip: the processing time when
+        it was seen, or now if that is less (an early estimate too large must not leave the
+        round trip at nothing for good: measured, consumers that ACK at once held 1-2 items)."""
+        then, now = self.sojourn_p, self.processing
+        return min(then, now) if then and now else then
+
+    @property
+    def fastest(self) -> float:
+        """Seconds per item at the fastest the consumer may be going now: the processing time,
+        or less when its latest ACKs came faster (0: unknown). What CoDel must assume of
+        how many items it may have started (``QueueSub.in_hand``): erring small is safe."""
+        p = self.processing
+        if p and self.intervals:
+            p = min(p, min(self.intervals))
+        return p
 
     @property
     def limit(self) -> int:
@@ -105,8 +173,12 @@ class PrefetchEstimator:
         waiting for a consumer.
         """
         newest = max(sent)
+        n = len(sent)
         busy = False
+        changed = sampled = False
         last = self.last_ack
+        if last and now >= last:
+            self.intervals.append((now - last) / n)
         if last and now > last:
             # "a round trip before": the smallest sojourn is round trip + processing, never
             # less than the round trip, so this test never takes an idle interval for work
@@ -114,31 +186,93 @@ class PrefetchEstimator:
             if busy:
                 # summed over a round trip before it counts: ACKs that arrive bunched (a pause
                 # on either side, the network) give one long gap and many near-zero ones, and
-                # only their sum over a span says how fast the consumer worked
+                # only their sum over a span says how fast the consumer worked; the very first
+                # sample may be shorter (the first frame's items, worked back to back)
                 self.busy_time += now - last
-                self.busy_items += len(sent)
-                if self.busy_time >= self.sojourn and self.busy_items >= 2:
-                    sample = self.busy_time / self.busy_items
+                self.busy_items += n
+                items = self.busy_items
+                if (self.busy_time >= self.sojourn and items >= 2) or (
+                    not self.samples and items >= FIRST_ITEMS
+                ):
+                    self.samples.append(self.busy_time / items)
                     self.busy_time, self.busy_items = 0.0, 0
-                    p = self.processing
-                    self.processing = sample if not p else p + GAIN * (sample - p)
-                else:
-                    busy = False  # no new measurement yet
+                    changed = sampled = True
+        # the consumer's pace over a round trip: items it finished in that time bound its
+        # processing time from above, which is what lifts a starving consumer whose processing
+        # time was over-estimated (its items never wait, so it shows no busy interval)
+        if starving:
+            self.starved = True
+        if not self.span_from:
+            self.span_from, self.span_items, self.span_sojourn = now, 0, 0.0
+        else:
+            self.span_items += n
+            self.span_sojourn += n * now - sum(sent)
+            if now - self.span_from >= self.sojourn and self.span_items >= 2:
+                if self.starved:
+                    self.pace = (now - self.span_from) / self.span_items
+                    # what it takes to keep it busy at the round trip it sees now
+                    self.pace_wants = math.ceil(
+                        self.span_sojourn / self.span_items / self.pace - SLACK
+                    )
+                    changed = True
+                self.span_from, self.span_items, self.span_sojourn = now, 0, 0.0
+                self.starved = False
         self.last_ack, self.last_sent = now, newest
         sojourn = now - newest
         if self.probe_from:
             if newest >= self.probe_from:  # sent with nothing else in flight: a clean sample
                 self.sojourn, self.sojourn_at, self.probe_from = sojourn, now, 0.0
+                self.sojourn_p = min(self.processing, sojourn)
         elif sojourn <= self.sojourn:
             self.sojourn, self.sojourn_at = sojourn, now
-        if busy:
-            wanted = math.ceil(self.sojourn / self.processing - SLACK)
-            # growth at most doubles a measurement (a round trip), as TCP's slow start: one
-            # measurement gone wrong cannot hand a consumer hundreds of items at once
-            self.value = min(self.maximum, 2 * self.value, max(1, wanted))
-        elif starving and self.value < self.maximum and now - self.grown_at >= self.sojourn:
-            self.value += 1  # once a round trip: additive, so it cannot overshoot far
+            self.sojourn_p = min(self.processing, sojourn)
+        if (
+            starving
+            and not busy
+            and self.extra < STARVING_MAX
+            and now - self.grown_at >= self.sojourn
+        ):
+            # idle between its previous ACK and this item: once a round trip, a little more
+            self.extra += 1
             self.grown_at = now
+        if changed:
+            self._measure(sampled)
+
+    def _measure(self, sampled: bool) -> None:
+        """A new sample (``sampled``) or pace: the processing time and the prefetch they call
+        for."""
+        samples = sorted(self.samples)
+        # the lower median: one sample spoiled by a stall (high) or by bunched ACKs (low) of
+        # the last few is outvoted; a real change wins within a few round trips
+        p = samples[(len(samples) - 1) // 2] if samples else math.inf
+        paced = self.pace
+        self.pace = 0.0
+        if paced:
+            # a starving consumer: its pace bounds its processing time from above
+            p = min(p, paced)
+            if not samples and self.pace_wants >= self.measured:
+                # never busy (items take it no measurable time: it ACKs a frame at once), and
+                # it used all it was given: what starving added is its value now, and it may
+                # starve again (the formula's value is unbounded for it)
+                self.measured = min(self.maximum, self.value)
+                self.extra = 0
+                self.processing = p
+                return
+        if p == math.inf or p <= 0:
+            return
+        if not self.sojourn_p:  # the smallest sojourn so far was seen before any measurement
+            self.sojourn_p = min(p, self.sojourn)
+        self.processing = p
+        # round trip / processing + 1 (the source document); growth at most doubles a
+        # measurement (about a round trip), as TCP's slow start: one measurement gone wrong
+        # cannot hand a consumer hundreds of items at once
+        rtt = max(0.0, self.sojourn - self._processing_then())
+        wanted = min(self.maximum, 2 * self.value, max(1, math.ceil(rtt / p + 1 - SLACK)))
+        if sampled:
+            self.measured, self.extra = wanted, 0
+        elif wanted > self.measured:  # from a pace alone it only grows (a too-high estimate)
+            self.extra = max(0, self.extra - (wanted - self.measured))
+            self.measured = wanted
 
     def due_probe(self, now: float) -> bool:
         """Whether the round-trip sample is older than the window and a probe should start."""

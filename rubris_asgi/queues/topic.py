@@ -102,6 +102,11 @@ class QueueHome(Protocol):
     def waiting(self, q: QueueTopic) -> int:
         """Items of ``q`` waiting at home, as this node knows it."""
 
+    def withdraw(self, q: QueueTopic, item: QueueItem) -> bool:
+        """``item``, given back, was ACKed before it was delivered again: True when its give-back
+        had not left this node (cancelled: the item is in this node's custody again, or waits
+        in ``q.ready``/a lane), False when it is home's to settle if it still waits there."""
+
 
 @dataclass
 class QueueStats:
@@ -118,6 +123,9 @@ class QueueStats:
     """Items given back to the head: NACK with requeue and lost consumers."""
     revoked: int = 0
     """Deliveries taken back by server-side CoDel."""
+    late_acked: int = 0
+    """Revoked items whose ACK came before they were delivered again: settled, not run again
+    (counted in ``acked`` too)."""
     dead_lettered: int = 0
     """Items past the delivery limit or NACKed without requeue (moved or dropped)."""
     dropped: int = 0
@@ -239,6 +247,26 @@ class QueueTopic:
         else:
             self.ready.extendleft(reversed(items))
         self.touch()
+
+    def withdraw(self, item: QueueItem) -> bool:
+        """Take ``item`` out of the queue if it waits here undelivered (given back, not yet
+        sent again): True when it was, and it is then this node's again, to settle."""
+        if self.home is not None and not self.home.withdraw(self, item):
+            return False  # not here: the home settles it itself if it still can
+        ready = self.ready
+        # given-back items wait at the head: a short search in practice
+        for i in range(min(len(ready), 64)):
+            if ready[i] is item:
+                del ready[i]
+                return True
+        for c in self.consumers:
+            if item in c.lane:
+                c.lane.remove(item)
+                return True
+        if item in ready:
+            ready.remove(item)
+            return True
+        return self.home is not None  # its give-back never left this node
 
     def failed(self, item: QueueItem) -> bool:
         """A delivery of ``item`` ended in NACK or a lost consumer: True when the item goes

@@ -70,7 +70,10 @@ export class CoDel {
       }
       if (now >= this.dropNext) {
         this.count++;
-        this.dropNext += this.interval / Math.sqrt(this.count);
+        // from now when it fell behind (the buffer was not looked at for a while: a stalled
+        // page): one drop, not a burst to catch up with the schedule
+        const step = this.interval / Math.sqrt(this.count);
+        this.dropNext = Math.max(this.dropNext + step, now + step / 2);
         return true;
       }
       return false;

@@ -282,6 +282,15 @@ export class Consumer extends Subscription {
     return null;
   }
 
+  /** The newest entry not revoked (the tail of the buffer); null when there is none. */
+  _newest() {
+    for (let i = this._buffer.length - 1; i >= this._head; i--) {
+      const entry = this._buffer[i];
+      if (entry && !entry.gone) return entry;
+    }
+    return null;
+  }
+
   _shift(entry) {
     this._buffer[this._head++] = undefined;
     this._byTag.delete(entry.tag);
@@ -293,9 +302,9 @@ export class Consumer extends Subscription {
 
   /**
    * Hand the buffered items to the handler, one at a time, in arrival order. An item is taken
-   * once its payload is inflated; CoDel then looks at how long it waited here and may give it
-   * back instead (NACK with requeue: it has waited too long behind a slow handler, another
-   * consumer may be free). After each item the pump yields to the event loop, so that item's
+   * once its payload is inflated; CoDel then looks at how long it waited here and, when it
+   * waited too long behind a slow handler, gives back the newest item of the buffer (NACK with
+   * requeue: another consumer may be free) and hands this one over. After each item the pump yields to the event loop, so that item's
    * ACK goes out before the next one starts: the server measures a consumer's processing time
    * from the spacing of its ACKs.
    */
@@ -333,9 +342,16 @@ export class Consumer extends Subscription {
         this._takenAt = t;
         this._busy = more;
         if (this._codel?.shouldDrop(excess, t)) {
-          this._counts.codelReturned++;
-          this._sendNack(entry.tag, true);
-          continue;
+          // The newest goes back, not this one: it would wait longest here, and the server
+          // (whose REVOKE takes the newest too) keeps seeing this consumer start its items in
+          // order, so a REVOKE never names one it has started. As the Python client does.
+          const back = this._newest();
+          if (back) {
+            this._counts.codelReturned++;
+            back.gone = true;
+            this._byTag.delete(back.tag);
+            this._sendNack(back.tag, true);
+          }
         }
         const value = this._decode(entry);
         if (value === UNDECODABLE) continue;

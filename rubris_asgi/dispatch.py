@@ -50,6 +50,7 @@ from .protocol import (
     encode_message,
     encode_uv,
 )
+from .queues import QueueTopic
 from .session import Session, SessionState
 
 ENDED = (SessionState.CLOSED, SessionState.CLOSING)
@@ -196,7 +197,14 @@ class Dispatcher:
             e.reject(s, m.req, exc.code, str(exc))
 
     async def _publish(self, s: Session, m: Publish) -> None:
-        """PUBLISH: into the intake (all or nothing), REJECTED when refused."""
+        """PUBLISH: into the intake (all or nothing), or a queue topic's item into its queue;
+        REJECTED when refused.
+
+        A connection's messages are handled one after the other (``handle`` awaits each, and
+        the transports await ``handle`` before the next frame or POST), and the REJECTED goes
+        out in order with the other direct answers: a client that sees the PONG of a later
+        PING with no REJECTED before it knows the PUBLISH was taken (protocol.md section 4).
+        """
         e = self.engine
         found = self.registry.match(m.name) if self._name_ok(m.name) else None
         if found is None or not found[0].client_publish:
@@ -210,7 +218,7 @@ class Dispatcher:
             payload = _checked_payload(ch.codec, payload)
             if ch.mode == Mode.QUEUE:  # an item, straight into its queue (O(1), bounded)
                 e.check_item(len(payload))
-                e.enqueue(e.queue_of(m.name, ch, self.registry), payload)
+                self._enqueue(s, m, e.queue_of(m.name, ch, self.registry), payload)
                 return
             e.check_payload(len(payload))
             t = e.topic_of(m.name, ch)
@@ -224,6 +232,20 @@ class Dispatcher:
             e.reject(s, m.req, ErrorCode.TOO_MANY, "broker unavailable")
         elif not e.offer([(t, payload)], s):
             e.reject(s, m.req, ErrorCode.TOO_MANY, f"ingest full ({e.intake.fill} %)")
+
+    def _enqueue(self, s: Session, m: Publish, q: QueueTopic, payload: bytes) -> None:
+        """A queue PUBLISH: the item into ``q``, its producer told the fill with FLOW (protocol
+        section 8); REJECTED 6 naming the queue and its fill when it is full. Refusals are
+        counted (``Telemetry.errors``), never logged one by one."""
+        e = self.engine
+        producers = e.producers_of(q)
+        try:
+            e.enqueue(q, payload)
+        except QueueFull as exc:
+            producers.refused(s)
+            e.reject(s, m.req, ErrorCode.TOO_MANY, f"{exc}: fill {producers.fill} %")
+            return
+        producers.published(s)
 
     def _call(self, s: Session, m: Call) -> None:
         if not self._name_ok(m.method):

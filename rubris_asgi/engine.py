@@ -8,6 +8,7 @@ receives.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import itertools
 import secrets
@@ -35,7 +36,7 @@ from .protocol import (
     Unsubscribed,
     encode,
 )
-from .queues import QueueHome, QueueItem, QueueSettings, QueueSub, QueueTopic
+from .queues import QueueHome, QueueItem, QueueProducers, QueueSettings, QueueSub, QueueTopic
 from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
 from .telemetry import Telemetry
@@ -594,6 +595,30 @@ class Engine:
             self.scheduler.queue_dirty(q)
         return True
 
+    def producers_of(self, q: QueueTopic) -> QueueProducers:
+        """The sessions that PUBLISH items to ``q`` and the FLOW they were told, made at the
+        first client PUBLISH (in-process ``enqueue`` has nobody to tell and never needs it)."""
+        p = q.producers
+        if p is None:
+            home = q.home
+            if home is None:
+                ready = q.ready  # never replaced on a queue without a home
+                waiting: Callable[[], int] = ready.__len__
+            else:
+                waiting = functools.partial(home.waiting, q)
+            p = q.producers = QueueProducers(
+                q.settings.max_length,
+                waiting,
+                flow=functools.partial(self._send_queue_flow, q),
+                clock=self.clock,
+            )
+        return p
+
+    def _send_queue_flow(self, q: QueueTopic, fill: int, publishers: list[Any]) -> None:
+        """FLOW(fill of ``q``) to the sessions that PUBLISHed items to it lately."""
+        q.stats.flows += len(publishers)
+        self._send_flow(fill, publishers)
+
     def check_item(self, size: int) -> None:
         """Raise ``MessageTooLarge`` for a queue item of ``size`` bytes no frame could carry."""
         self.pool.check_size(size + ITEM_HEADER)
@@ -673,6 +698,8 @@ class Engine:
         back. The runtime calls it every few milliseconds while there are consumers."""
         now = self.clock()
         for q in self.queues.values():
+            if q.home is not None and q.producers is not None:
+                q.producers.check()  # its length heard from Redis: other nodes' takes too
             if not q.active:
                 continue
             for c in list(q.active):  # only consumers with deliveries out, or just after

@@ -16,7 +16,10 @@ backpressure: the HTTP API reports it on every answer, and sessions that publish
 second get FLOW(fill) when it crosses 50, 75, 87 or 100 % upward and once more when it falls
 back below 50 % (protocol.md section 8).
 
-In-process ``Rubris.publish`` does not come through here: it stays O(1) and immediate.
+In-process ``Rubris.publish`` does not come through here: it stays O(1) and immediate. Nor does
+a client's PUBLISH to a queue topic: the item goes straight into its queue, whose producers are
+told the queue's fill by the same rule and levels (``flow_level``, ``RECENT``;
+queues/producers.py).
 """
 
 from __future__ import annotations

@@ -197,6 +197,8 @@ class Scheduler:
             for q in queues:
                 q.dirty = False
                 q.deal(self._dealt)
+                if q.producers is not None:  # items left: its PUBLISH producers' FLOW
+                    q.producers.check()
 
         dirty = self.dirty
         if dirty:

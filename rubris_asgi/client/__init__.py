@@ -31,8 +31,10 @@ The API, on :class:`Client`::
                                     codel_target=0.020, codel_interval=0.100)
     await client.call(method, args=None, *, timeout=30)     async for x in client.stream(...)
     await client.publish(name, value)   await client.ping()   await client.send_nak(fill)
+    await client.enqueue(name, value)   (a work item: returns when the server took it)
     state = await client.watch_batch(batch, *, on_update=None, timeout=None)    (protocol.md 8c)
     client.state, client.stats, client.session_id, client.resumed, client.rejections
+    Client(url, ..., on_refused=callback)   (told each Rejection of publish(): topic, value)
 
 Queue topics (mode 4) are consumed, not subscribed: :meth:`Client.consume` returns a
 :class:`Consumer`, an async iterator of :class:`QueueItem` (``item.value``, ``.tag``,
@@ -84,6 +86,11 @@ Exceptions (all :class:`~rubris_asgi.errors.RubrisError`)::
                          of the other kind: a queue for subscribe(), not one for consume())
     SubscriptionEnded    the subscription or consumer is over (unsubscribed, or ended by the
                          server)
+    ItemRefused          enqueue()'s item refused by the server (REJECTED): .code, .reason,
+                         .topic, .value; nothing was queued
+    OutcomeUnknown       enqueue()'s connection was lost after its PUBLISH was sent, before
+                         its outcome came: the item may be queued or not (a ConnectionLost;
+                         a plain ConnectionLost from enqueue() means it was never sent)
     ProtocolError        the server sent something malformed (the client closes)
 """
 
@@ -92,7 +99,16 @@ from __future__ import annotations
 from .batches import watch_batch
 from .consumer import Consumer, QueueItem
 from .core import Client, ClientStats, Rejection, State
-from .errors import CallError, ConnectionLost, SubscribeRejected, SubscriptionEnded
+from .errors import (
+    CallError,
+    ConnectionLost,
+    ItemRefused,
+    OutcomeUnknown,
+    SubscribeRejected,
+    SubscriptionEnded,
+)
+from .handlers import ENQUEUE_WINDOW as ENQUEUE_WINDOW
+from .handlers import PUBLISHES_KEPT as PUBLISHES_KEPT
 from .outbox import OUTBOX_SIZE as OUTBOX_SIZE
 from .stats import ConsumerStats
 from .subscription import GAPS_KEPT as GAPS_KEPT
@@ -108,6 +124,8 @@ __all__ = [
     "Consumer",
     "ConsumerStats",
     "GapInfo",
+    "ItemRefused",
+    "OutcomeUnknown",
     "PushInfo",
     "QueueItem",
     "Rejection",

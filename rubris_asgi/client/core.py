@@ -36,8 +36,14 @@ from ..ratelimit import RateLimiter
 from .batches import watch_batch as _watch_batch
 from .concurrency import _within
 from .consumer import Consumer, QueueItem, _Settler
-from .errors import _lost
-from .handlers import Rejection, _ServerMessages
+from .errors import OutcomeUnknown, _lost
+from .handlers import (
+    PUBLISHES_KEPT,
+    Rejection,
+    _Outcomes,
+    _RefusalLog,
+    _ServerMessages,
+)
 from .links import _endpoints, _Link
 from .outbox import _Outbox
 from .payloads import _dumps
@@ -69,6 +75,9 @@ class Client(_Supervisor, _ServerMessages):
         http_transport: an ``httpx`` transport for long-poll (e.g. ``httpx.MockTransport``).
         clock: the monotonic clock of ``QueueItem.received`` and client-side CoDel, in seconds
             (default ``time.monotonic``; tests pass one they move by hand).
+        on_refused: called with each :class:`Rejection` of a :meth:`publish` the server
+            refused (sync or async, in the reader, in order; its errors are logged). The
+            refusals of :meth:`enqueue` are raised to its caller instead.
 
     ``state`` is ``"connecting"``, ``"open"``, ``"reconnecting"`` or ``"closed"``; ``error``
     is what closed the client when it was not :meth:`close`.
@@ -91,6 +100,7 @@ class Client(_Supervisor, _ServerMessages):
         poll_timeout: float = 60.0,
         http_transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], float] | None = None,
+        on_refused: Callable[[Rejection], Any] | None = None,
     ) -> None:
         if transport not in ("websocket", "longpoll"):
             raise ValueError(f"transport: expected 'websocket' or 'longpoll', got {transport!r}")
@@ -122,9 +132,12 @@ class Client(_Supervisor, _ServerMessages):
         self.error: BaseException | None = None
         self.stats = ClientStats()
         self.publish_limiter = RateLimiter()
-        """Paces :meth:`publish` by the server's FLOW messages (the intake's fill)."""
+        """Paces :meth:`publish` and :meth:`enqueue` by the server's FLOW messages (the fill
+        of the intake, or of the queue enqueued to)."""
         self.raw_frames: list[bytes] | None = [] if record else None
         self.rejections: deque[Rejection] = deque(maxlen=100)
+        """The last 100 refusals of :meth:`publish` (``on_refused`` is told every one)."""
+        self.on_refused = on_refused
 
         self._token = ""
         self._closing = False
@@ -147,7 +160,9 @@ class Client(_Supervisor, _ServerMessages):
         self._restating: dict[int, _Topic] = {}  # SUBSCRIBEs of the last resuming HELLO frame
         self._settler = _Settler(self._control)  # queue ACKs and NACKs; numbers connections
         self._workers: set[asyncio.Task[None]] = set()  # consumers' handler tasks
-        self._pub_reqs: OrderedDict[int, str] = OrderedDict()
+        self._pub_reqs: OrderedDict[int, tuple[str, Any]] = OrderedDict()
+        self._outcomes = _Outcomes(self._outcome_ping)  # what enqueue() waits for
+        self._refusals = _RefusalLog()
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, _StreamBox] = {}
         self._pings: dict[int, asyncio.Future[None]] = {}
@@ -167,6 +182,7 @@ class Client(_Supervisor, _ServerMessages):
             raise RubrisError("connect() was already called; close() first")
         if self._outbox.closed is not None:  # a closed client starting again
             self._outbox = _Outbox()
+            self._outcomes = _Outcomes(self._outcome_ping)
         self._closing = False
         self.error = None
         self._token = ""  # a new connect() starts a new session
@@ -440,17 +456,100 @@ class Client(_Supervisor, _ServerMessages):
             self._streams.pop(cid, None)
 
     async def publish(self, name: str, value: Any) -> None:
-        """PUBLISH ``value`` (JSON) to ``name``; a refusal arrives later in :attr:`rejections`.
+        """PUBLISH ``value`` (JSON) to ``name`` and return at once (fire and forget).
 
-        Paced by :attr:`publish_limiter`: the server sends FLOW when its intake fills, and this
-        waits as long as the lowered rate asks (no wait at all while it does not).
+        A refusal arrives later: a :class:`Rejection` with the topic and the ``value`` is kept
+        in :attr:`rejections` (the last 100) and handed to ``on_refused`` (every one), counted
+        in ``stats.rejected``; one WARNING line sums them up every 5 s at most. The values of
+        the last ``PUBLISHES_KEPT`` (1,024) publishes are kept to do that. To learn each
+        item's outcome, use :meth:`enqueue`.
+
+        Paced by :attr:`publish_limiter`: the server sends FLOW when its intake (or, for a
+        queue topic, the queue) fills, and this waits as long as the lowered rate asks (no
+        wait at all while it does not).
         """
         await self.publish_limiter.acquire()
         req = next(self._reqs)
-        self._pub_reqs[req] = name
-        while len(self._pub_reqs) > 1024:
+        data = orjson.dumps(value)
+        self._pub_reqs[req] = (name, value)
+        while len(self._pub_reqs) > PUBLISHES_KEPT:
             self._pub_reqs.popitem(last=False)
-        await self._send(Publish(req, name, orjson.dumps(value)))
+        await self._send(Publish(req, name, data))
+
+    async def enqueue(self, name: str, value: Any) -> None:
+        """PUBLISH the work item ``value`` (JSON) to the queue topic ``name`` and wait until the
+        server took it, or refused it.
+
+        Returns when the item is in the queue. Many may be in flight at once (tasks,
+        ``asyncio.gather``): the enqueues of one event-loop turn share one PING, whose PONG
+        tells each that the server took it (protocol.md section 4). At most
+        ``ENQUEUE_WINDOW`` (1,024) wait for their outcome; more wait for room first. Paced by
+        :attr:`publish_limiter` as :meth:`publish` is: the server sends FLOW as the queue
+        fills (50, 75, 87, 100 %), so a producer slows down before anything is refused.
+
+        Raises:
+            ItemRefused: the server refused the item (``code`` 6 when the queue is full,
+                ``reason`` naming the queue and its fill; 3 when ``name`` takes no PUBLISH):
+                nothing was queued.
+            OutcomeUnknown: the connection was lost after the PUBLISH left the client and
+                before its outcome came back: the item may be queued or not.
+            ConnectionLost: the client closed (or was closed) before the PUBLISH was sent:
+                nothing was queued.
+            ProtocolError: the PUBLISH is over the server's ``max_frame`` (nothing sent).
+            TypeError: ``value`` is not JSON-serialisable (nothing sent).
+        """
+        data = orjson.dumps(value)
+        outcomes = self._outcomes
+        async with outcomes.slots:
+            if self.state == "closed" or self._outbox.closed is not None:
+                raise _lost("the client is closed", self.error)
+            await self.publish_limiter.acquire()
+            req = next(self._reqs)
+            await self._send(Publish(req, name, data))
+            # in the outbox now, so the turn's PING goes behind it: nothing ran in between
+            fut = outcomes.sent(req, name, value)
+            try:
+                await fut
+            except OutcomeUnknown:
+                self.stats.unknown += 1
+                raise
+            except asyncio.CancelledError:
+                outcomes.abandon(req)
+                raise
+
+    def _outcome_ping(self) -> int:
+        """A PING behind everything in the outbox, for :meth:`enqueue`'s outcomes."""
+        token = next(self._tokens)
+        self._control(Ping(token))
+        self.stats.outcome_pings += 1
+        return token
+
+    def _unsent(self) -> tuple[set[int], set[int]]:
+        """The PUBLISH requests and PING tokens still in the outbox (not handed to a link)."""
+        reqs: set[int] = set()
+        tokens: set[int] = set()
+        for msg, _ in self._outbox.items:
+            if isinstance(msg, Publish):
+                reqs.add(msg.req)
+            elif isinstance(msg, Ping):
+                tokens.add(msg.token)
+        return reqs, tokens
+
+    def _connection_lost(self) -> None:
+        super()._connection_lost()
+        outcomes = self._outcomes
+        if outcomes.waiting or outcomes.barriers:
+            reqs, tokens = self._unsent()
+            outcomes.lost(reqs, tokens, "the connection was lost after its PUBLISH was sent")
+
+    def _finish(self, error: BaseException | None) -> None:
+        outcomes = self._outcomes
+        unsent = self._unsent()[0] if outcomes.waiting else set()
+        super()._finish(error)
+        if outcomes.waiting:
+            why = "the client is closed" if self._closing else f"connection lost: {self.error}"
+            outcomes.close(unsent, why, self.error)
+        self._refusals.close()
 
     async def send_nak(self, fill: int) -> None:
         """Tell the server the client's inbound buffer is ``fill`` % full (50, 75, 87, 100)."""

@@ -2,13 +2,56 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import RubrisError
 
-__all__ = ["CallError", "ConnectionLost", "SubscribeRejected", "SubscriptionEnded"]
+__all__ = [
+    "CallError",
+    "ConnectionLost",
+    "ItemRefused",
+    "OutcomeUnknown",
+    "SubscribeRejected",
+    "SubscriptionEnded",
+]
 
 
 class ConnectionLost(RubrisError, ConnectionError):
     """The connection (or the session behind it) is gone; ``__cause__`` says why when known."""
+
+
+class OutcomeUnknown(ConnectionLost):
+    """``Client.enqueue``: the connection was lost after the item's PUBLISH left the client and
+    before its outcome came back, so the server may or may not have queued it (never take it
+    for refused). ``topic`` and ``value`` name the item.
+
+    A ``ConnectionLost`` (the connection *is* lost, and code that reconnects on one goes on
+    working), of its own class because a plain ``ConnectionLost`` from ``enqueue`` means the
+    PUBLISH never left the client: nothing was queued, the item may be sent again as it is. After
+    ``OutcomeUnknown`` sending it again may queue it twice: give items an identity in their
+    payload and make consumers idempotent (delivery is at least once anyway).
+    """
+
+    def __init__(self, message: str, topic: str, value: Any) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.value = value
+
+
+class ItemRefused(RubrisError):
+    """``Client.enqueue``: the server refused the item (REJECTED): nothing was queued.
+
+    ``code`` is the protocol's (section 9: 6, too many, when the queue is full; 3 when the
+    topic is unknown or takes no client PUBLISH), ``reason`` the server's (for a full queue it
+    names the queue and its fill), ``topic`` and ``value`` the item.
+    """
+
+    def __init__(self, code: int, reason: str, topic: str, value: Any) -> None:
+        super().__init__(f"{topic!r} refused the item: {reason} (code {code})")
+        self.code = code
+        self.reason = reason
+        self.topic = topic
+        self.value = value
 
 
 class CallError(RubrisError):

@@ -7,7 +7,7 @@ import itertools
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..compression import inflate
@@ -36,24 +36,219 @@ from ..protocol import (
 from ..ratelimit import RateLimiter
 from .concurrency import _invoke
 from .consumer import Consumer, QueueItem, _Settler
-from .errors import SubscribeRejected, SubscriptionEnded, _Bye
+from .errors import (
+    ItemRefused,
+    OutcomeUnknown,
+    SubscribeRejected,
+    SubscriptionEnded,
+    _Bye,
+    _lost,
+)
 from .payloads import _call_error, _decode
 from .stats import ClientStats
 from .subscription import GAPS_KEPT, GapInfo, PushInfo, Subscription, _StreamBox, _Topic
 
-__all__ = ["Rejection"]
+__all__ = ["ENQUEUE_WINDOW", "PUBLISHES_KEPT", "Rejection"]
 
 log = logging.getLogger("rubris_asgi.client")
 
 
+PUBLISHES_KEPT = 1024
+"""``publish()`` calls whose topic and value the client keeps, the newest, to tie a refusal to
+its item (:class:`Rejection`); a refusal of an older one has ``name`` "" and ``value`` None."""
+ENQUEUE_WINDOW = 1024
+"""``enqueue()`` calls waiting for their outcome at most; more wait for room first."""
+REFUSALS_LOGGED_EVERY = 5.0
+"""Seconds between the WARNING lines that sum up ``publish()``'s refusals."""
+
+
 @dataclass(frozen=True)
 class Rejection:
-    """A PUBLISH the server refused (``name`` is empty when the request is no longer known)."""
+    """A ``publish()`` the server refused: its request number, topic, the server's ``code``
+    and ``reason``, and the ``value`` published. ``name`` is "" and ``value`` None when the
+    request was older than the last ``PUBLISHES_KEPT`` (1,024) publishes."""
 
     req: int
     name: str
     code: int
     reason: str
+    value: Any = field(default=None, hash=False)
+
+
+class _Pending:
+    """One ``enqueue()`` waiting for its outcome."""
+
+    __slots__ = ("fut", "topic", "value")
+
+    def __init__(self, fut: asyncio.Future[None], topic: str, value: Any) -> None:
+        self.fut = fut
+        self.topic = topic
+        self.value = value
+
+
+class _Outcomes:
+    """The outcomes ``enqueue()`` waits for: REJECTED for its request, or a PING barrier.
+
+    PUBLISH has no answer when it is taken, but the server handles one connection's messages
+    in order and sends its direct answers (REJECTED, PONG) in that order: the PONG of a PING
+    sent after a PUBLISH, with no REJECTED for the PUBLISH before it, means the server took it
+    (protocol.md section 4). The PUBLISHes put in the outbox in one event-loop turn share one
+    PING, sent at the end of the turn (``call_soon``), after all of them.
+
+    A connection lost with the PUBLISH gone from the outbox (written, or being written) hides
+    its outcome: ``OutcomeUnknown`` (the REJECTED or the PONG may have been lost with it, even
+    when the session is resumed). One still in the outbox goes out on the next connection with
+    its PING after it, and its outcome is learnt there. Bounded: ``ENQUEUE_WINDOW`` waiting
+    (``slots``); the turn's list and the barriers hold only those.
+
+    ``ping()`` sends a PING behind everything in the outbox and returns its token.
+    """
+
+    def __init__(self, ping: Callable[[], int], limit: int = ENQUEUE_WINDOW) -> None:
+        self._ping = ping
+        self.slots = asyncio.Semaphore(limit)
+        self.waiting: dict[int, _Pending] = {}
+        """By PUBLISH request number, in the order they were put in the outbox."""
+        self._turn: list[int] = []
+        self._scheduled = False
+        self.barriers: dict[int, list[int]] = {}
+        """PING token -> the requests its PONG settles."""
+        self._forgotten: OrderedDict[int, None] = OrderedDict()
+        """Requests given up (outcome unknown, caller cancelled): a late REJECTED is theirs."""
+
+    def sent(self, req: int, topic: str, value: Any) -> asyncio.Future[None]:
+        """The PUBLISH ``req`` is in the outbox now: its future is done at its outcome."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self.waiting[req] = _Pending(fut, topic, value)
+        self._turn.append(req)
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._barrier)
+        return fut
+
+    def _barrier(self) -> None:
+        """End of the turn: one PING behind this turn's PUBLISHes."""
+        self._scheduled = False
+        turn, self._turn = self._turn, []
+        reqs = [r for r in turn if r in self.waiting]
+        if reqs:
+            self.barriers[self._ping()] = reqs
+
+    def pong(self, token: int) -> int:
+        """A PONG: the requests of its barrier not refused before it were taken (how many)."""
+        reqs = self.barriers.pop(token, None)
+        if reqs is None:
+            return 0
+        taken = 0
+        for req in reqs:
+            p = self.waiting.pop(req, None)
+            if p is not None and not p.fut.done():
+                p.fut.set_result(None)
+                taken += 1
+        return taken
+
+    def rejected(self, req: int, code: int, reason: str) -> bool:
+        """A REJECTED: True when it answers an ``enqueue()`` (refused, or given up)."""
+        p = self.waiting.pop(req, None)
+        if p is None:
+            if req in self._forgotten:  # its outcome was given up: nobody to tell
+                del self._forgotten[req]
+                return True
+            return False
+        if not p.fut.done():
+            p.fut.set_exception(ItemRefused(code, reason, p.topic, p.value))
+        return True
+
+    def abandon(self, req: int) -> None:
+        """The caller stopped waiting (cancelled): forget ``req``."""
+        if self.waiting.pop(req, None) is not None:
+            self._forget(req)
+
+    def _forget(self, req: int) -> None:
+        self._forgotten[req] = None
+        while len(self._forgotten) > ENQUEUE_WINDOW:
+            self._forgotten.popitem(last=False)
+
+    def lost(self, unsent: set[int], pings: set[int], why: str) -> None:
+        """The connection is lost: what left the outbox has an unknown outcome; what is still
+        in it (``unsent`` requests, ``pings`` tokens) goes out on the next connection."""
+        for req in [r for r in self.waiting if r not in unsent]:
+            self._unknown(req, why)
+        for token in [t for t in self.barriers if t not in pings]:
+            del self.barriers[token]  # its PONG, if it ever comes, settles nothing more
+
+    def close(self, unsent: set[int], why: str, cause: BaseException | None) -> None:
+        """The client is closed: a PUBLISH never sent was not queued (``ConnectionLost``),
+        one sent has an unknown outcome."""
+        for req in list(self.waiting):
+            if req in unsent:
+                p = self.waiting.pop(req)
+                if not p.fut.done():
+                    p.fut.set_exception(_lost(why, cause))
+            else:
+                self._unknown(req, why)
+        self.barriers.clear()
+        self._turn.clear()
+
+    def _unknown(self, req: int, why: str) -> None:
+        p = self.waiting.pop(req)
+        self._forget(req)
+        if not p.fut.done():
+            message = f"the outcome of the item for {p.topic!r} is unknown: {why}"
+            p.fut.set_exception(OutcomeUnknown(message, p.topic, p.value))
+
+
+class _RefusalLog:
+    """At most one WARNING line per ``REFUSALS_LOGGED_EVERY`` seconds about ``publish()``'s
+    refusals: the first at once, then a sum of those that followed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last: Rejection | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def note(self, r: Rejection) -> None:
+        if self._timer is None:
+            log.warning(
+                "PUBLISH to %r refused: %s (code %d); further refusals are summed up every %g s",
+                r.name,
+                r.reason,
+                r.code,
+                REFUSALS_LOGGED_EVERY,
+            )
+            self._arm()
+        else:
+            self.count += 1
+            self.last = r
+
+    def _arm(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(REFUSALS_LOGGED_EVERY, self.flush)
+
+    def flush(self, again: bool = True) -> None:
+        """Log the sum of the refusals since the last line (if any); quiet ones disarm."""
+        self._timer = None
+        r = self.last
+        if self.count and r is not None:
+            log.warning(
+                "%d PUBLISHes refused in the last %g s; last: %r: %s (code %d)",
+                self.count,
+                REFUSALS_LOGGED_EVERY,
+                r.name,
+                r.reason,
+                r.code,
+            )
+            self.count = 0
+            self.last = None
+            if again:
+                self._arm()
+
+    def close(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+            self.flush(again=False)
 
 
 class _ServerMessages:
@@ -68,10 +263,13 @@ class _ServerMessages:
     stats: ClientStats
     publish_limiter: RateLimiter
     rejections: deque[Rejection]
+    on_refused: Callable[[Rejection], Any] | None
+    _outcomes: _Outcomes
+    _refusals: _RefusalLog
     _subs: dict[_Topic, None]
     _topics: dict[int, _Topic]
     _sub_reqs: dict[int, _Topic]
-    _pub_reqs: OrderedDict[int, str]
+    _pub_reqs: OrderedDict[int, tuple[str, Any]]
     _calls: dict[int, asyncio.Future[Any]]
     _streams: dict[int, _StreamBox]
     _pings: dict[int, asyncio.Future[None]]
@@ -97,7 +295,7 @@ class _ServerMessages:
         elif isinstance(msg, Subscribed):
             self._on_subscribed(msg)
         elif isinstance(msg, Rejected):
-            self._on_rejected(msg)
+            await self._on_rejected(msg)
         elif isinstance(msg, Unsubscribed):
             self._on_unsubscribed(msg)
         elif isinstance(msg, Gap):
@@ -106,6 +304,8 @@ class _ServerMessages:
             fut = self._pings.get(msg.token)
             if fut is not None and not fut.done():
                 fut.set_result(None)
+            elif self._outcomes.barriers:
+                self.stats.enqueued += self._outcomes.pong(msg.token)
         elif isinstance(msg, Goodbye):
             self.stats.goodbye = (msg.code, msg.reason)
             raise _Bye(msg.code, msg.reason)
@@ -266,7 +466,7 @@ class _ServerMessages:
             fut.set_exception(SubscribeRejected(0, reason))
         sub._end(SubscriptionEnded(0, reason))
 
-    def _on_rejected(self, m: Rejected) -> None:
+    async def _on_rejected(self, m: Rejected) -> None:
         sub = self._sub_reqs.pop(m.req, None)
         if sub is not None:
             self._subs.pop(sub, None)
@@ -275,9 +475,16 @@ class _ServerMessages:
                 fut.set_exception(SubscribeRejected(m.code, m.reason))
             sub._end(SubscriptionEnded(m.code, m.reason))
             return
+        if self._outcomes.rejected(m.req, m.code, m.reason):
+            self.stats.rejected += 1  # an enqueue(): raised to its caller as ItemRefused
+            return
         self.stats.rejected += 1
-        self.rejections.append(Rejection(m.req, self._pub_reqs.pop(m.req, ""), m.code, m.reason))
-        log.warning("request %d refused: %s (code %d)", m.req, m.reason, m.code)
+        name, value = self._pub_reqs.pop(m.req, ("", None))
+        r = Rejection(m.req, name, m.code, m.reason, value)
+        self.rejections.append(r)
+        self._refusals.note(r)  # not a line each: a producer may be refused thousands of times
+        if self.on_refused is not None:
+            await _invoke(self.on_refused, r, what="on_refused")
 
     def _on_unsubscribed(self, m: Unsubscribed) -> None:
         sub = self._topics.pop(m.topic, None)

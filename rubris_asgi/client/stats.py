@@ -18,6 +18,13 @@ class ClientStats:
     (UNSUBSCRIBED 11); ``duplicates`` counts ring messages dropped because the client already
     had them (a replay from a position restated after a resume).
 
+    PUBLISH: ``rejected`` counts the PUBLISHes the server refused, of :meth:`~.Client.publish`
+    and :meth:`~.Client.enqueue` alike (one WARNING line sums up ``publish()``'s every 5 s at
+    most; ``enqueue()``'s are raised as ``ItemRefused``); ``enqueued`` the items ``enqueue()``
+    learned were taken, ``unknown`` those whose outcome a lost connection hid
+    (``OutcomeUnknown``); ``outcome_pings`` the PINGs sent to learn outcomes (one per
+    event-loop turn that sent enqueues, however many).
+
     Queue topics (every consumer together; :class:`ConsumerStats` has them one by one):
     ``items`` counts ITEMs received; ``codel_returned`` the items client-side CoDel gave back
     (NACK with requeue) instead of handing them over; ``revoked`` the items a REVOKE took out of
@@ -37,6 +44,9 @@ class ClientStats:
     restarted: int = 0
     duplicates: int = 0
     flow: int = 0
+    enqueued: int = 0
+    unknown: int = 0
+    outcome_pings: int = 0
     goodbye: tuple[int, str] | None = None
     items: int = 0
     codel_returned: int = 0

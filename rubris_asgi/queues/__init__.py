@@ -8,6 +8,7 @@ Sans-IO like the rest of the core: times come in as arguments, nothing awaits.
   wait when several nodes share them;
 - ``consumer``: one session's lane, deliveries, ACK/NACK/return and server-side CoDel;
 - ``prefetch``: the per-consumer estimate of round trip and processing time;
+- ``producers``: the sessions that PUBLISH items to a queue lately, told its fill with FLOW;
 - ``codel``: CoDel's state machine, shared with the clients;
 - ``dedup``: producers' idempotency keys.
 """
@@ -15,6 +16,7 @@ Sans-IO like the rest of the core: times come in as arguments, nothing awaits.
 from .codel import CoDel
 from .consumer import QueueSub
 from .prefetch import PrefetchEstimator
+from .producers import QueueProducers
 from .settings import QueueSettings
 from .topic import QueueHome, QueueItem, QueueStats, QueueTopic
 
@@ -23,6 +25,7 @@ __all__ = [
     "PrefetchEstimator",
     "QueueHome",
     "QueueItem",
+    "QueueProducers",
     "QueueSettings",
     "QueueStats",
     "QueueSub",

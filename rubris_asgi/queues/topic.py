@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from ..errors import QueueFull
 from .dedup import IdWindow
+from .producers import QueueProducers
 from .settings import QueueSettings
 
 
@@ -130,6 +131,8 @@ class QueueStats:
     """Items past the delivery limit or NACKed without requeue (moved or dropped)."""
     dropped: int = 0
     """Dead-lettered items with no dead-letter queue, or whose dead-letter queue was full."""
+    flows: int = 0
+    """FLOW messages sent to the sessions that PUBLISH items here (the queue's fill)."""
     waiting: int = 0
     outstanding: int = 0
     consumers: int = 0
@@ -159,6 +162,7 @@ class QueueTopic:
         "waiters",
         "on_item_end",
         "home",
+        "producers",
         "_on_dirty",
     )
 
@@ -197,6 +201,9 @@ class QueueTopic:
         dead-lettered (failed)."""
         self.home: QueueHome | None = None
         """Where the waiting items live when nodes share them; None alone."""
+        self.producers: QueueProducers | None = None
+        """The sessions that PUBLISHed items here lately and the FLOW level they were told
+        (producers.py); made by the engine at the first client PUBLISH."""
         self._on_dirty = on_dirty
 
     # producing

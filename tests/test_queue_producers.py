@@ -19,6 +19,7 @@ import pytest
 
 from rubris_asgi import Rubris, Session
 from rubris_asgi.client import (
+    ENQUEUE_WINDOW,
     Client,
     ConnectionLost,
     ItemRefused,
@@ -152,6 +153,43 @@ async def test_outcome_unknown_when_the_connection_is_cut_after_the_publish(
             await producer.enqueue("jobs.c", {"i": 2})
             assert rubris.queue_stats("jobs.c").enqueued == 3  # i=1 was taken after all
             assert producer.stats.enqueued == 2 and producer.stats.rejected == 0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_enqueue_many_returns_the_refusals_by_index(transport: str) -> None:
+    """One call, many items, one wait: the refusals come back in order, each naming its
+    value and its place; the others were taken."""
+    rubris = producer_rubris(20)
+    async with run_server(starlette_app(rubris)) as base:
+        async with Client(base + "/rubris", transport=transport) as producer:  # type: ignore[arg-type]
+            assert await producer.enqueue_many("jobs.m", ({"i": i} for i in range(12))) == []
+            refused = await producer.enqueue_many("jobs.m", [{"i": i} for i in range(12, 30)])
+            assert [r.index for r in refused] == list(range(8, 18))
+            assert [r.value for r in refused] == [{"i": i} for i in range(20, 30)]
+            assert all(r.code == ErrorCode.TOO_MANY for r in refused)
+            assert rubris.queue_stats("jobs.m").enqueued == 20
+            assert producer.stats.enqueued == 20 and producer.stats.rejected == 10
+            # more than a window: runs of ENQUEUE_WINDOW, indexes across them
+            big = await producer.enqueue_many("jobs.m", range(ENQUEUE_WINDOW + 5))
+            assert [r.index for r in big] == list(range(ENQUEUE_WINDOW + 5))
+            with pytest.raises(TypeError):  # nothing of the run is sent
+                await producer.enqueue_many("jobs.m", [1, object()])
+            assert producer.stats.rejected == 10 + ENQUEUE_WINDOW + 5
+
+
+async def test_enqueue_many_outcome_unknown_lists_the_values() -> None:
+    rubris = producer_rubris(100)
+    async with run_server(starlette_app(rubris)) as base:
+        async with Client(base + "/rubris") as producer:
+            await producer.enqueue("jobs.u", 0)
+            s = rubris.engine.sessions[producer.session_id]  # type: ignore[index]
+            rubris.engine.scheduler.hold(s, rubris.engine.clock() + 1.5)
+            task = asyncio.ensure_future(producer.enqueue_many("jobs.u", [1, 2, 3]))
+            await until(lambda: rubris.queue_stats("jobs.u").enqueued == 4 and bool(s.direct))
+            await drop_connection(rubris, producer)
+            with pytest.raises(OutcomeUnknown) as lost:
+                await asyncio.wait_for(task, 5)
+            assert (lost.value.topic, lost.value.value) == ("jobs.u", [1, 2, 3])
 
 
 @pytest.mark.parametrize("end", ["close", "drop"])

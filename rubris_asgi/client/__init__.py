@@ -32,6 +32,7 @@ The API, on :class:`Client`::
     await client.call(method, args=None, *, timeout=30)     async for x in client.stream(...)
     await client.publish(name, value)   await client.ping()   await client.send_nak(fill)
     await client.enqueue(name, value)   (a work item: returns when the server took it)
+    refused = await client.enqueue_many(name, values)    (many: the ItemRefused, by .index)
     state = await client.watch_batch(batch, *, on_update=None, timeout=None)    (protocol.md 8c)
     client.state, client.stats, client.session_id, client.resumed, client.rejections
     Client(url, ..., on_refused=callback)   (told each Rejection of publish(): topic, value)

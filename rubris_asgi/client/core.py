@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import httpx
@@ -36,10 +36,12 @@ from ..ratelimit import RateLimiter
 from .batches import watch_batch as _watch_batch
 from .concurrency import _within
 from .consumer import Consumer, QueueItem, _Settler
-from .errors import OutcomeUnknown, _lost
+from .errors import ItemRefused, OutcomeUnknown, _lost
 from .handlers import (
+    ENQUEUE_WINDOW,
     PUBLISHES_KEPT,
     Rejection,
+    _Batch,
     _Outcomes,
     _RefusalLog,
     _ServerMessages,
@@ -498,24 +500,78 @@ class Client(_Supervisor, _ServerMessages):
             ProtocolError: the PUBLISH is over the server's ``max_frame`` (nothing sent).
             TypeError: ``value`` is not JSON-serialisable (nothing sent).
         """
-        data = orjson.dumps(value)
+        refused = await self._enqueue(name, [value], True)
+        assert not refused  # a single item's refusal is raised
+
+    async def enqueue_many(self, name: str, values: Iterable[Any]) -> list[ItemRefused]:
+        """:meth:`enqueue` for many items at once: PUBLISH each of ``values`` (JSON) to the
+        queue topic ``name``, in order, and wait until the server took or refused every one.
+
+        Returns the refusals (``ItemRefused``, ``index`` its place in ``values``), in order;
+        an empty list when the queue took them all. One call for many items is the cheap way to
+        enqueue fast: one wait, one PING per event-loop turn, no task per item. More than
+        ``ENQUEUE_WINDOW`` (1,024) values go in runs of that many, each run waited for before
+        the next is sent.
+
+        Raises:
+            OutcomeUnknown: the connection was lost before some outcomes came back; its
+                ``value`` lists those values (the others were taken or refused: the refusals
+                of that run are lost with the exception, so send items with an identity).
+            ConnectionLost: the client closed before any of a run was sent (nothing of it
+                queued; earlier runs were).
+            ProtocolError: an item is over the server's ``max_frame`` (nothing of its run
+                sent).
+            TypeError: a value is not JSON-serialisable (nothing of its run sent).
+        """
+        items = list(values)
+        refused: list[ItemRefused] = []
+        for start in range(0, len(items), ENQUEUE_WINDOW):
+            run = items[start : start + ENQUEUE_WINDOW]
+            for r in await self._enqueue(name, run, False):
+                r.index += start
+                refused.append(r)
+        return refused
+
+    async def _enqueue(self, name: str, values: list[Any], single: bool) -> list[ItemRefused]:
+        """PUBLISH ``values`` (at most ``ENQUEUE_WINDOW``) and wait for their outcomes."""
+        if not values:
+            return []
+        # everything checked before anything is sent: a run is sent whole or not at all
+        msgs = []
+        limit = self.welcome.max_frame if self.welcome is not None else 0
+        for value in values:
+            msg = Publish(next(self._reqs), name, orjson.dumps(value))
+            data = encode(msg)
+            if limit and len(data) > limit:
+                raise ProtocolError(
+                    f"PUBLISH of {len(data)} bytes is over the server's max_frame of {limit}",
+                    ErrorCode.TOO_LARGE,
+                )
+            msgs.append((msg, data))
         outcomes = self._outcomes
-        async with outcomes.slots:
+        n = len(values)
+        await outcomes.window.take(n)
+        try:
             if self.state == "closed" or self._outbox.closed is not None:
                 raise _lost("the client is closed", self.error)
-            await self.publish_limiter.acquire()
-            req = next(self._reqs)
-            await self._send(Publish(req, name, data))
-            # in the outbox now, so the turn's PING goes behind it: nothing ran in between
-            fut = outcomes.sent(req, name, value)
+            await self.publish_limiter.acquire(n)
+            fut: asyncio.Future[list[ItemRefused]] = asyncio.get_running_loop().create_future()
+            batch = _Batch(fut, name, values, single)
+            outbox = self._outbox
+            for i, item in enumerate(msgs):
+                await outbox.put(item)
+                # in the outbox now, so the turn's PING goes behind it: nothing ran in between
+                outcomes.sent(item[0].req, batch, i)
             try:
-                await fut
+                return await fut
             except OutcomeUnknown:
                 self.stats.unknown += 1
                 raise
             except asyncio.CancelledError:
-                outcomes.abandon(req)
+                outcomes.abandon(batch)
                 raise
+        finally:
+            outcomes.window.give(n)
 
     def _outcome_ping(self) -> int:
         """A PING behind everything in the outbox, for :meth:`enqueue`'s outcomes."""

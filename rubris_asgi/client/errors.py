@@ -23,7 +23,8 @@ class ConnectionLost(RubrisError, ConnectionError):
 class OutcomeUnknown(ConnectionLost):
     """``Client.enqueue``: the connection was lost after the item's PUBLISH left the client and
     before its outcome came back, so the server may or may not have queued it (never take it
-    for refused). ``topic`` and ``value`` name the item.
+    for refused). ``topic`` and ``value`` name the item; from ``Client.enqueue_many``, ``value``
+    is the list of the values whose outcome is unknown (the others were taken or refused).
 
     A ``ConnectionLost`` (the connection *is* lost, and code that reconnects on one goes on
     working), of its own class because a plain ``ConnectionLost`` from ``enqueue`` means the
@@ -43,15 +44,17 @@ class ItemRefused(RubrisError):
 
     ``code`` is the protocol's (section 9: 6, too many, when the queue is full; 3 when the
     topic is unknown or takes no client PUBLISH), ``reason`` the server's (for a full queue it
-    names the queue and its fill), ``topic`` and ``value`` the item.
+    names the queue and its fill), ``topic`` and ``value`` the item, ``index`` its place in the
+    values of ``Client.enqueue_many`` (0 for ``enqueue``).
     """
 
-    def __init__(self, code: int, reason: str, topic: str, value: Any) -> None:
+    def __init__(self, code: int, reason: str, topic: str, value: Any, index: int = 0) -> None:
         super().__init__(f"{topic!r} refused the item: {reason} (code {code})")
         self.code = code
         self.reason = reason
         self.topic = topic
         self.value = value
+        self.index = index
 
 
 class CallError(RubrisError):

@@ -75,15 +75,65 @@ class Rejection:
     value: Any = field(default=None, hash=False)
 
 
-class _Pending:
-    """One ``enqueue()`` waiting for its outcome."""
+class _Batch:
+    """The items of one ``enqueue()`` or ``enqueue_many()`` call, waiting for their outcomes.
 
-    __slots__ = ("fut", "topic", "value")
+    ``fut`` is done when every item has one: with the refusals (``ItemRefused``, in the
+    order of the items) when each was taken or refused, with ``OutcomeUnknown`` when some
+    outcome was lost with a connection, with ``ConnectionLost`` when none of them was sent. A
+    single ``enqueue()`` raises its refusal instead of returning it.
+    """
 
-    def __init__(self, fut: asyncio.Future[None], topic: str, value: Any) -> None:
+    __slots__ = ("fut", "topic", "values", "single", "left", "refused", "unknown", "unsent", "reqs")
+
+    def __init__(
+        self, fut: asyncio.Future[list[ItemRefused]], topic: str, values: list[Any], single: bool
+    ) -> None:
         self.fut = fut
         self.topic = topic
-        self.value = value
+        self.values = values
+        self.single = single
+        self.left = len(values)
+        self.refused: list[ItemRefused] = []
+        self.unknown: list[int] = []
+        self.unsent: list[int] = []
+        self.reqs: list[int] = []
+
+    def settle(self, why: str = "", cause: BaseException | None = None) -> None:
+        """One more item has its outcome; when it was the last, the caller is told."""
+        self.left -= 1
+        if self.left or self.fut.done():
+            return
+        if self.unknown:
+            vals = [self.values[i] for i in sorted(self.unknown + self.unsent)]
+            value: Any = vals[0] if self.single else vals
+            message = f"the outcome of {len(vals)} item(s) for {self.topic!r} is unknown: {why}"
+            self.fut.set_exception(OutcomeUnknown(message, self.topic, value))
+        elif self.unsent:
+            self.fut.set_exception(_lost(why, cause))
+        elif self.single and self.refused:
+            self.fut.set_exception(self.refused[0])
+        else:
+            self.fut.set_result(sorted(self.refused, key=lambda r: r.index))
+
+
+class _Window:
+    """At most ``limit`` items waiting for their outcome; callers wait for room."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._room = asyncio.Event()
+
+    async def take(self, n: int) -> None:
+        while self.used and self.used + n > self.limit:
+            self._room.clear()
+            await self._room.wait()
+        self.used += n
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        self._room.set()
 
 
 class _Outcomes:
@@ -98,17 +148,18 @@ class _Outcomes:
     A connection lost with the PUBLISH gone from the outbox (written, or being written) hides
     its outcome: ``OutcomeUnknown`` (the REJECTED or the PONG may have been lost with it, even
     when the session is resumed). One still in the outbox goes out on the next connection with
-    its PING after it, and its outcome is learnt there. Bounded: ``ENQUEUE_WINDOW`` waiting
-    (``slots``); the turn's list and the barriers hold only those.
+    its PING after it, and its outcome is learnt there. Bounded: ``ENQUEUE_WINDOW`` items
+    waiting (``window``); the turn's list and the barriers hold only those.
 
     ``ping()`` sends a PING behind everything in the outbox and returns its token.
     """
 
     def __init__(self, ping: Callable[[], int], limit: int = ENQUEUE_WINDOW) -> None:
         self._ping = ping
-        self.slots = asyncio.Semaphore(limit)
-        self.waiting: dict[int, _Pending] = {}
-        """By PUBLISH request number, in the order they were put in the outbox."""
+        self.window = _Window(limit)
+        self.waiting: dict[int, tuple[_Batch, int]] = {}
+        """By PUBLISH request number, in the order they were put in the outbox: the call's
+        items and the item's place among them."""
         self._turn: list[int] = []
         self._scheduled = False
         self.barriers: dict[int, list[int]] = {}
@@ -116,16 +167,14 @@ class _Outcomes:
         self._forgotten: OrderedDict[int, None] = OrderedDict()
         """Requests given up (outcome unknown, caller cancelled): a late REJECTED is theirs."""
 
-    def sent(self, req: int, topic: str, value: Any) -> asyncio.Future[None]:
-        """The PUBLISH ``req`` is in the outbox now: its future is done at its outcome."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        self.waiting[req] = _Pending(fut, topic, value)
+    def sent(self, req: int, batch: _Batch, index: int) -> None:
+        """The PUBLISH ``req`` of item ``index`` of ``batch`` is in the outbox now."""
+        self.waiting[req] = (batch, index)
+        batch.reqs.append(req)
         self._turn.append(req)
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._barrier)
-        return fut
+            asyncio.get_running_loop().call_soon(self._barrier)
 
     def _barrier(self) -> None:
         """End of the turn: one PING behind this turn's PUBLISHes."""
@@ -141,29 +190,32 @@ class _Outcomes:
         if reqs is None:
             return 0
         taken = 0
+        waiting = self.waiting
         for req in reqs:
-            p = self.waiting.pop(req, None)
-            if p is not None and not p.fut.done():
-                p.fut.set_result(None)
+            entry = waiting.pop(req, None)
+            if entry is not None:
+                entry[0].settle()
                 taken += 1
         return taken
 
     def rejected(self, req: int, code: int, reason: str) -> bool:
         """A REJECTED: True when it answers an ``enqueue()`` (refused, or given up)."""
-        p = self.waiting.pop(req, None)
-        if p is None:
+        entry = self.waiting.pop(req, None)
+        if entry is None:
             if req in self._forgotten:  # its outcome was given up: nobody to tell
                 del self._forgotten[req]
                 return True
             return False
-        if not p.fut.done():
-            p.fut.set_exception(ItemRefused(code, reason, p.topic, p.value))
+        batch, i = entry
+        batch.refused.append(ItemRefused(code, reason, batch.topic, batch.values[i], i))
+        batch.settle()
         return True
 
-    def abandon(self, req: int) -> None:
-        """The caller stopped waiting (cancelled): forget ``req``."""
-        if self.waiting.pop(req, None) is not None:
-            self._forget(req)
+    def abandon(self, batch: _Batch) -> None:
+        """The caller stopped waiting (cancelled): forget its requests."""
+        for req in batch.reqs:
+            if self.waiting.pop(req, None) is not None:
+                self._forget(req)
 
     def _forget(self, req: int) -> None:
         self._forgotten[req] = None
@@ -174,29 +226,26 @@ class _Outcomes:
         """The connection is lost: what left the outbox has an unknown outcome; what is still
         in it (``unsent`` requests, ``pings`` tokens) goes out on the next connection."""
         for req in [r for r in self.waiting if r not in unsent]:
-            self._unknown(req, why)
+            batch, i = self.waiting.pop(req)
+            self._forget(req)
+            batch.unknown.append(i)
+            batch.settle(why)
         for token in [t for t in self.barriers if t not in pings]:
             del self.barriers[token]  # its PONG, if it ever comes, settles nothing more
 
     def close(self, unsent: set[int], why: str, cause: BaseException | None) -> None:
         """The client is closed: a PUBLISH never sent was not queued (``ConnectionLost``),
-        one sent has an unknown outcome."""
+        one sent has an unknown outcome (and so has the whole call it belongs to)."""
         for req in list(self.waiting):
+            batch, i = self.waiting.pop(req)
             if req in unsent:
-                p = self.waiting.pop(req)
-                if not p.fut.done():
-                    p.fut.set_exception(_lost(why, cause))
+                batch.unsent.append(i)
             else:
-                self._unknown(req, why)
+                self._forget(req)
+                batch.unknown.append(i)
+            batch.settle(why, cause)
         self.barriers.clear()
         self._turn.clear()
-
-    def _unknown(self, req: int, why: str) -> None:
-        p = self.waiting.pop(req)
-        self._forget(req)
-        if not p.fut.done():
-            message = f"the outcome of the item for {p.topic!r} is unknown: {why}"
-            p.fut.set_exception(OutcomeUnknown(message, p.topic, p.value))
 
 
 class _RefusalLog:

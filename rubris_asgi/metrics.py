@@ -81,6 +81,8 @@ _QUEUE_COUNTERS = (
     ("nacked", "Items negatively acknowledged."),
     ("redelivered", "Items given back to the head (NACK with requeue, lost consumer)."),
     ("revoked", "Deliveries taken back by server-side CoDel (REVOKE)."),
+    ("late_acked", "Revoked items whose ACK came before they were delivered again (settled)."),
+    ("flows", "FLOW messages sent to the queue's PUBLISH producers (its fill)."),
     ("dead_lettered", "Items past the delivery limit or NACKed without requeue."),
     ("dropped", "Dead-lettered items with nowhere to go."),
     ("duplicates", "Items refused as duplicates of an id seen in the dedup window."),

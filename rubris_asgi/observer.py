@@ -252,6 +252,8 @@ def _queue(name: str, st: Any) -> dict[str, Any]:
         "nacked": st.nacked,
         "redelivered": st.requeued,
         "revoked": st.revoked,
+        "late_acked": st.late_acked,
+        "flows": st.flows,
         "dead_lettered": st.dead_lettered,
         "dropped": st.dropped,
         "duplicates": st.duplicates,

@@ -3,21 +3,31 @@
 Started by bench/queues.py as a subprocess, pinned to one core; not meant to be run by hand
 (though ``python bench/_queues_server.py`` works and prints ``PORT n``).
 
-The queue channel is ``jobs`` (max_length 100,000, the other settings the package defaults);
-``--no-codel`` registers it with ``codel_target=None`` (server-side CoDel off). Items are
+The queue channel is ``jobs`` (max_length 100,000, ``client_publish=True`` so that a client
+producer may PUBLISH items, the other settings the package defaults); ``--no-codel`` registers
+it with ``codel_target=None`` (server-side CoDel off). Items are
 ``{"i": <id>, "t": <CLOCK_MONOTONIC ns at enqueue>}``: ``i`` numbers them from 0 in enqueue
 order, so the load can count duplicates and losses by id, and ``t`` lets it measure latency
-against its own ``time.monotonic_ns()`` (one clock for every process of the machine).
+against its own ``time.monotonic_ns()`` (one clock for every process of the machine). A client
+producer (bench/_queues_producer.py) sends items of the same shape, numbered and stamped by it.
 
 Control endpoints (127.0.0.1 only, used by the load process):
 
     POST /control/start?mode=backlog&depth=B     keep B items waiting (checked every 1 ms;
                                                  ``waiting`` counts the queue and the lanes)
     POST /control/start?mode=paced&rate=R        enqueue R items/s on a fixed schedule
+    POST /control/start?mode=client              enqueue nothing (a client producer does),
+                                                 only sample the consumers
     POST /control/stop                           stop the producer
     GET  /control/stats                          CPU seconds, queue_stats("jobs"), the producer,
                                                  every consumer's prefetch state, and the
-                                                 sampler's rows since the last start
+                                                 sampler's rows since the last start, and
+                                                 the REJECTEDs the server sent (``rejected``:
+                                                 its telemetry's count, by protocol code)
+
+RPC ``waiting`` (over the WebSocket, for the client producer): the queue's ``waiting`` (the
+queue and the lanes), what ``mode=backlog`` tops up. A client's CALL is handled after the
+PUBLISHes it sent before it, so the answer counts every item that client sent until then.
 
 The sampler records every consumer's state every 100 ms while the producer runs: session id,
 prefetch in force, the estimator's value, round trip and processing time, outstanding items,
@@ -83,7 +93,12 @@ class Producer:
         self.stop()
         self.mode = mode
         self.max_late_ms = 0.0
-        coro = self._backlog(depth) if mode == "backlog" else self._paced(rate)
+        if mode == "client":
+            coro = asyncio.Event().wait()  # no producer here; the sampler runs meanwhile
+        elif mode == "backlog":
+            coro = self._backlog(depth)
+        else:
+            coro = self._paced(rate)
         self.task = asyncio.get_running_loop().create_task(coro)
 
     def stop(self) -> None:
@@ -149,9 +164,16 @@ def consumer_state(c: QueueSub, now: float) -> dict[str, Any]:
 def build(codel: bool) -> tuple[Starlette, Rubris]:
     rubris = Rubris(Config(timing=Timing(heartbeat=60.0)), compress_at=None)
 
-    @rubris.queue(QUEUE, max_length=100_000, codel_target=0.020 if codel else None)
+    @rubris.queue(
+        QUEUE, max_length=100_000, codel_target=0.020 if codel else None, client_publish=True
+    )
     def jobs(session: Session) -> None:
         return None
+
+    @rubris.rpc("waiting")
+    def waiting(session: Session, args: Any) -> int:
+        q = rubris.engine.queues.get(QUEUE)
+        return q.snapshot().waiting if q is not None else 0
 
     producer = Producer(rubris)
     samples: list[list[Any]] = []
@@ -193,6 +215,11 @@ def build(codel: bool) -> tuple[Starlette, Rubris]:
             "producer": producer.info(),
             "consumers": [consumer_state(c, now) for c in consumers()],
             "samples": samples if request.query_params.get("samples") else [],
+            "rejected": {
+                str(code): n
+                for (kind, code), n in rubris.engine.telemetry.errors.items()
+                if kind == "rejected"
+            },
             "now_ns": time.monotonic_ns(),
         }
         return Response(orjson.dumps(body), media_type="application/json")

@@ -144,7 +144,8 @@ class ClientProducer:
             waiting = await call("waiting")
             tasks = await self._send(max(0, depth - int(waiting)), slots)
             if tasks:
-                await asyncio.gather(*tasks)
+                # a stop cancels the pump, not the items in flight: their outcome is counted
+                await asyncio.shield(asyncio.gather(*tasks))
             await asyncio.sleep(0.001)
 
     async def paced(self, rate: float) -> None:

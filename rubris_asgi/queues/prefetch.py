@@ -53,6 +53,8 @@ SAMPLES = 5
 """Processing-time samples kept: the estimate is the smallest (robust to stalls)."""
 RECENT_INTERVALS = 4
 """ACK intervals that say how fast the consumer goes right now (``fastest``)."""
+IDLE_FRACTION = 0.25
+"""A consumer starves when it waited more than this share of a processing time for an item."""
 FIRST_ITEMS = 3
 """Back-to-back items that make the first sample (later ones span a round trip)."""
 STARVING_MAX = 2
@@ -238,12 +240,24 @@ class PrefetchEstimator:
             and not busy
             and self.extra < STARVING_MAX
             and now - self.grown_at >= self.sojourn
+            and self._idle_before(newest, last) > IDLE_FRACTION * self.processing
         ):
             # idle between its previous ACK and this item: once a round trip, a little more
             self.extra += 1
             self.grown_at = now
         if changed:
             self._measure(sampled)
+
+    def _idle_before(self, sent: float, last: float) -> float:
+        """How long the consumer waited for the item sent at ``sent`` after finishing the one
+        whose ACK arrived at ``last``: it arrived half a round trip after it was sent, and the
+        consumer had finished half a round trip before that ACK arrived. A consumer at exactly
+        round trip / processing + 1 gets each item as it finishes the one before (idle 0): it
+        is not starving, and growing it would only make its items wait."""
+        rtt = self.round_trip
+        if rtt is None or not last:
+            return math.inf
+        return sent - last + rtt
 
     def _measure(self, sampled: bool) -> None:
         """A new sample (``sampled``) or pace: the processing time and the prefetch they call

@@ -26,15 +26,16 @@ windows. Target: >= 20,000 items/s.
 Client producer throughput (issue 26): the same, but the items come from a
 ``rubris_asgi.client.Client`` in this process (bench/_queues_producer.py) PUBLISHing to
 ``jobs`` (``client_publish=True``) over WebSocket on loopback, no delay line, on the same event
-loop as the 4 consumers: ``Client.enqueue`` when the client has it (at most ``--window``, 256,
-in flight, each returning when the server took the item), else ``Client.publish`` in runs of
-256; either way at most ``--e2e-backlog`` items taken and not yet completed by the consumers.
-Figure: the server's acked items per second, median of the windows
-(``items_per_s_client_producer``). Target: >= 30,000 items/s. ``--profile`` prints a cProfile
-of the load process over the windows (where the load core's time goes).
+loop as the 4 consumers: ``Client.enqueue_many`` in runs of 256 (at most ``--window``, 256,
+items in flight, each run returning when the server took or refused its items), at most
+``--e2e-backlog`` items taken and not yet completed by the consumers. Figure: the server's
+acked items per second, median of the windows (``items_per_s_client_producer``). Target:
+>= 30,000 items/s. ``--e2e-prefetch N`` fixes the consumers' prefetch in this part and the end
+to end one (default: the server's estimator). ``--profile`` prints a cProfile of the load
+process over the windows (where the load core's time goes).
 
 The seed's scenario (../shared/seeds/004: RabbitMQ's "prefetch and CoDel" note): 4 consumers,
-each behind a ``DelayLine`` (bench/_queues_load.py) that delays every byte 50 ms in each
+each behind a ``DelayLine`` (tests/delaykit.py) that delays every byte 50 ms in each
 direction, so items arrive 50 ms after the server sends them, ACKs arrive 50 ms after the
 client sends them, and REVOKE, PING and PONG are delayed alike; the client's own buffer (and its
 CoDel) is where items wait after arrival. Processing is ``asyncio.sleep(0.004)`` per item (4

@@ -47,6 +47,56 @@ def flow_level(fill: int) -> int:
     return 0
 
 
+class FlowWatch:
+    """Who published lately, and the FLOW level they were last told (protocol.md section 8).
+
+    ``check(fill)`` calls ``flow(fill, publishers)`` with the publishers of the last
+    ``RECENT`` seconds when the fill crosses a level upward or falls back below 50 %, and
+    returns how many were told. The intake keeps one; so does each queue that clients PUBLISH
+    items to (queues/producers.py). Bounded: publishers older than ``RECENT`` are forgotten
+    whenever a FLOW goes out, so it holds the sessions that published lately.
+
+    >>> told = []
+    >>> w = FlowWatch(lambda fill, ps: told.append((fill, ps)), clock=lambda: 0.0)
+    >>> w.published("s1"); w.check(60), w.check(70), w.check(20)
+    (1, 0, 1)
+    >>> told
+    [(60, ['s1']), (20, ['s1'])]
+    """
+
+    __slots__ = ("level", "recent", "_flow", "_clock")
+
+    def __init__(
+        self, flow: Callable[[int, list[Hashable]], None], clock: Callable[[], float]
+    ) -> None:
+        self.level = 0
+        """The FLOW level the publishers were last told (0: below 50 %)."""
+        self.recent: dict[Hashable, float] = {}
+        """Publishers and when each last published."""
+        self._flow = flow
+        self._clock = clock
+
+    def published(self, publisher: Hashable, now: float | None = None) -> None:
+        self.recent[publisher] = self._clock() if now is None else now
+
+    def check(self, fill: int) -> int:
+        """Tell the recent publishers ``fill`` if it crossed a level (O(1) when it did not)."""
+        level = flow_level(fill)
+        old = self.level
+        if level == old:
+            return 0
+        self.level = level
+        if level < old and level:
+            return 0  # falling, still above 50 %: nothing to say yet
+        now = self._clock()
+        recent = self.recent
+        for key in [k for k, at in recent.items() if now - at > RECENT]:
+            del recent[key]  # keeps the table as small as the set of active publishers
+        if recent:
+            self._flow(fill, list(recent))
+        return len(recent)
+
+
 @dataclass
 class IntakeStats:
     """Counters of the intake (``Rubris.stats().intake``)."""
@@ -93,14 +143,12 @@ class Intake:
         self.max_bytes = max_bytes
         self._publish = publish
         self._wake = wake
-        self._flow = flow
         self._clock = clock
         self.queues: dict[SharedTopic, deque[tuple[bytes, float]]] = {}
         """Per topic: (payload, arrival time), in arrival order."""
         self.count = 0
         self.bytes = 0
-        self._level = 0
-        self._publishers: dict[Hashable, float] = {}
+        self._watch = FlowWatch(flow, clock)
         self.stats = IntakeStats()
 
     @property
@@ -133,7 +181,7 @@ class Intake:
         self.bytes += size
         self.stats.accepted += n
         if publisher is not None:
-            self._publishers[publisher] = now
+            self._watch.published(publisher, now)
         if n:
             self._check_flow()
             self._wake()
@@ -183,20 +231,7 @@ class Intake:
         self._check_flow()
 
     def _check_flow(self) -> None:
-        fill = self.fill
-        level = flow_level(fill)
-        old = self._level
-        if level == old:
-            return
-        self._level = level
-        if level > old or level == 0:
-            now = self._clock()
-            recent = self._publishers
-            for key in [k for k, at in recent.items() if now - at > RECENT]:
-                del recent[key]  # keeps the table as small as the set of active publishers
-            if recent:
-                self.stats.flows += len(recent)
-                self._flow(fill, list(recent))
+        self.stats.flows += self._watch.check(self.fill)
 
     def snapshot(self) -> IntakeStats:
         """A copy of the counters with ``pending`` and ``fill`` as they are now."""

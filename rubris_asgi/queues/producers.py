@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-from ..intake import RECENT, flow_level
+from ..intake import FlowWatch
 
 
 class QueueProducers:
@@ -46,7 +46,7 @@ class QueueProducers:
     [(50, ['s1']), (20, ['s1'])]
     """
 
-    __slots__ = ("capacity", "level", "recent", "_waiting", "_flow", "_clock")
+    __slots__ = ("capacity", "watch", "_waiting")
 
     def __init__(
         self,
@@ -57,13 +57,9 @@ class QueueProducers:
         clock: Callable[[], float],
     ) -> None:
         self.capacity = capacity
-        self.level = 0
-        """The FLOW level the producers were last told (0: below 50 %)."""
-        self.recent: dict[Hashable, float] = {}
-        """Publishers and when each last PUBLISHed to this queue."""
+        self.watch = FlowWatch(flow, clock)
+        """The producers of the last second and the level they were told (intake.py's rule)."""
         self._waiting = waiting
-        self._flow = flow
-        self._clock = clock
 
     @property
     def fill(self) -> int:
@@ -72,26 +68,14 @@ class QueueProducers:
 
     def published(self, producer: Hashable) -> None:
         """``producer`` PUBLISHed an item that the queue took: remember it, check the level."""
-        self.recent[producer] = self._clock()
+        self.watch.published(producer)
         self.check()
 
     def refused(self, producer: Hashable) -> None:
         """``producer``'s PUBLISH was refused: it still counts as a recent producer (it is
         told when the queue falls back below 50 %)."""
-        self.recent[producer] = self._clock()
+        self.watch.published(producer)
 
     def check(self) -> None:
         """Send FLOW if the fill crossed a level since the last check (O(1) when it did not)."""
-        fill = self.fill
-        level = flow_level(fill)
-        old = self.level
-        if level == old:
-            return
-        self.level = level
-        if level > old or level == 0:
-            now = self._clock()
-            recent = self.recent
-            for key in [k for k, at in recent.items() if now - at > RECENT]:
-                del recent[key]  # keeps the table as small as the set of active producers
-            if recent:
-                self._flow(fill, list(recent))
+        self.watch.check(self.fill)

@@ -108,9 +108,9 @@ from .errors import (
     SubscribeRejected,
     SubscriptionEnded,
 )
-from .handlers import ENQUEUE_WINDOW as ENQUEUE_WINDOW
-from .handlers import PUBLISHES_KEPT as PUBLISHES_KEPT
 from .outbox import OUTBOX_SIZE as OUTBOX_SIZE
+from .outcomes import ENQUEUE_WINDOW as ENQUEUE_WINDOW
+from .outcomes import PUBLISHES_KEPT as PUBLISHES_KEPT
 from .stats import ConsumerStats
 from .subscription import GAPS_KEPT as GAPS_KEPT
 from .subscription import NAK_LEVELS as NAK_LEVELS

@@ -37,17 +37,17 @@ from .batches import watch_batch as _watch_batch
 from .concurrency import _within
 from .consumer import Consumer, QueueItem, _Settler
 from .errors import ItemRefused, OutcomeUnknown, _lost
-from .handlers import (
+from .handlers import _ServerMessages
+from .links import _endpoints, _Link
+from .outbox import _Outbox
+from .outcomes import (
     ENQUEUE_WINDOW,
     PUBLISHES_KEPT,
     Rejection,
     _Batch,
     _Outcomes,
     _RefusalLog,
-    _ServerMessages,
 )
-from .links import _endpoints, _Link
-from .outbox import _Outbox
 from .payloads import _dumps
 from .stats import ClientStats
 from .subscription import GapInfo, PushInfo, Subscription, _StreamBox, _Topic

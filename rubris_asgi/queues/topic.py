@@ -260,18 +260,12 @@ class QueueTopic:
         sent again): True when it was, and it is then this node's again, to settle."""
         if self.home is not None and not self.home.withdraw(self, item):
             return False  # not here: the home settles it itself if it still can
-        ready = self.ready
-        # given-back items wait at the head: a short search in practice
-        for i in range(min(len(ready), 64)):
-            if ready[i] is item:
-                del ready[i]
-                return True
-        for c in self.consumers:
-            if item in c.lane:
-                c.lane.remove(item)
-                return True
-        if item in ready:
-            ready.remove(item)
+        # given-back items wait at the head, where remove() starts (items compare by identity)
+        for waiting in (self.ready, *(c.lane for c in self.consumers)):
+            try:
+                waiting.remove(item)
+            except ValueError:
+                continue
             return True
         return self.home is not None  # its give-back never left this node
 

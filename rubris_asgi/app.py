@@ -39,6 +39,7 @@ from .config import Config
 from .dispatch import Dispatcher
 from .engine import Engine
 from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
+from .exit_signal import drain_on_exit_signal
 from .loops import housekeeping, queue_ticks, run_scheduler
 from .observer import Observer
 from .ops import OpsPage
@@ -52,6 +53,7 @@ from .topic_api import TopicApi
 from .topics import SharedTopic
 from .transports.gateway import Authenticate, Gateway
 from .transports.longpoll import LongPollSession, LongPollTransport
+from .transports.quiet_log import QuietPolls
 from .transports.relay import Relays
 from .transports.websocket import WebSocketTransport
 from .workers import WorkerBoard
@@ -97,6 +99,9 @@ class Rubris:
         broker: how several workers and hosts share the shared topics: a ``Broker``
             (``RedisBroker(url, ...)``), a Redis URL, or None: ``$RUBRIS_REDIS_URL`` when set,
             else this process alone. docs/operations.md, "Several workers and hosts".
+        quiet_polls: leave long-poll requests that succeed out of uvicorn's access log, with
+            a summary line a minute in its log instead (True, the default: one long-poll tab
+            makes a hundred requests a minute); False logs every one.
     """
 
     running: ClassVar[weakref.WeakSet[Rubris]] = weakref.WeakSet()
@@ -119,6 +124,7 @@ class Rubris:
         ops: bool = False,
         stats_dir: str | None = None,
         broker: Broker | str | None = None,
+        quiet_polls: bool = True,
     ) -> None:
         config = config or Config()
         if compress_at is not _UNSET:
@@ -138,7 +144,9 @@ class Rubris:
         """Where shared publishes are numbered: this process (``LocalBroker``) or Redis."""
         self.dispatcher.broker = self.broker
         self.websocket = WebSocketTransport(self.gateway)
-        self.longpoll = LongPollTransport(self.gateway)
+        # a long-poll tab's requests would fill uvicorn's access log (quiet_log.py)
+        self._quiet_polls = QuietPolls() if quiet_polls else None
+        self.longpoll = LongPollTransport(self.gateway, self._quiet_polls)
         self.longpoll.serve_forwarded()  # polls that reach another node first (several nodes)
         self.relays = Relays(self.gateway)
         """WebSockets carried to and from other nodes' sessions (several nodes)."""
@@ -155,6 +163,8 @@ class Rubris:
         """The running loop's thread while started: calls from any other go through the loop."""
         self.started = False
         self.draining = False
+        self._drained = asyncio.Event()
+        self._unchain_signals: Callable[[], None] = lambda: None
         self.api = HttpApi(
             self.engine, self.registry, config, token=api_token, authorize=authorize_api
         )
@@ -540,7 +550,13 @@ class Rubris:
         self._wake = asyncio.Event()
         self.engine.scheduler.wake = self._wake.set
         self.draining = False
+        self._drained = asyncio.Event()
         self.api.accepting = True
+        # plain `uvicorn app:app` waits for in-flight requests (a waiting poll: 25 s) before it
+        # runs our lifespan shutdown: drain when its signal comes instead (exit_signal.py)
+        self._unchain_signals = drain_on_exit_signal(loop, self.drain)
+        if self._quiet_polls is not None:
+            self._quiet_polls.install()
         self._tasks = [
             loop.create_task(run_scheduler(self.engine, self._wake), name="rubris-scheduler"),
             loop.create_task(
@@ -565,24 +581,31 @@ class Rubris:
         calls it; call it yourself (or run under ``rubris_asgi.serve``) before a server closes
         its sockets, since uvicorn closes WebSockets with 1012 before the lifespan shutdown.
         """
-        if self.draining or not self.started:
+        if not self.started:
+            return
+        if self.draining:  # one drain at a time; a second caller waits for the first's end
+            await self._drained.wait()
             return
         self.draining = True
-        self.api.accepting = False
-        engine = self.engine
-        for s in list(engine.sessions.values()):
-            engine.close_session(s, ErrorCode.SHUTTING_DOWN, "server shutting down")
-        deadline = engine.clock() + self.config.timing.shutdown_drain
-        # polled: shutdown happens once, and a drain event would cost every frame on the hot path
-        while engine.clock() < deadline and any(  # noqa: ASYNC110
-            self._draining(s) for s in engine.sessions.values()
-        ):
-            await asyncio.sleep(0.01)
-        await self.websocket.abort_all(ErrorCode.SHUTTING_DOWN, "server shutting down")
-        # connections carried for other nodes' sessions: their clients reconnect elsewhere
-        await self.relays.close_entries(1012, "server restarting")
-        for s in list(engine.sessions.values()):
-            engine.end_session(s)
+        try:
+            self.api.accepting = False
+            engine = self.engine
+            for s in list(engine.sessions.values()):
+                engine.close_session(s, ErrorCode.SHUTTING_DOWN, "server shutting down")
+            deadline = engine.clock() + self.config.timing.shutdown_drain
+            # polled: shutdown happens once, and a drain event would cost every frame on the
+            # hot path
+            while engine.clock() < deadline and any(  # noqa: ASYNC110
+                self._draining(s) for s in engine.sessions.values()
+            ):
+                await asyncio.sleep(0.01)
+            await self.websocket.abort_all(ErrorCode.SHUTTING_DOWN, "server shutting down")
+            # connections carried for other nodes' sessions: their clients reconnect elsewhere
+            await self.relays.close_entries(1012, "server restarting")
+            for s in list(engine.sessions.values()):
+                engine.end_session(s)
+        finally:
+            self._drained.set()
 
     async def stop(self) -> None:
         """Graceful shutdown: ``drain()``, then cancel the scheduler, housekeeping and every
@@ -590,6 +613,9 @@ class Rubris:
         if not self.started:
             return
         await self.drain()
+        self._unchain_signals()
+        if self._quiet_polls is not None:
+            self._quiet_polls.remove()
         self.started = False
         Rubris.running.discard(self)
         for task in self._tasks:

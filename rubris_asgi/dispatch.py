@@ -28,6 +28,7 @@ from .errors import (
     ProtocolError,
     QueueFull,
     Reject,
+    SessionClosed,
 )
 from .flow import on_nak
 from .protocol import (
@@ -296,11 +297,20 @@ class Dispatcher:
                 result = method.handler(s, args)
                 if inspect.isawaitable(result):
                     result = await result
-                e.direct(s, self._reply(Kind.RESULT, call, 0, result))
+                try:
+                    reply = self._reply(Kind.RESULT, call, 0, result)
+                except MessageTooLarge:
+                    self._error(s, call, ErrorCode.TOO_LARGE, "reply too large")
+                    return
+                e.direct(s, reply)
         except Reject as r:
             self._error(s, call, r.code, r.reason)
-        except MessageTooLarge:
-            self._error(s, call, ErrorCode.TOO_LARGE, "reply too large")
+        except (ProtocolError, MessageTooLarge, QueueFull, SessionClosed) as exc:
+            # rubris's own refusal of what the handler did for this caller (a send on a private
+            # topic it did not subscribe to, a full queue, a message over the limit): the caller
+            # can fix it, so it is told what and why with the error's code, not "internal error"
+            log.debug("method %r refused: %s", method.name, exc)
+            self._error(s, call, exc.code, str(exc))
         except asyncio.CancelledError:
             raise
         except Exception:

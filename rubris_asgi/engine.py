@@ -488,7 +488,12 @@ class Engine:
     def private_for(self, s: Session, name: str) -> PrivateSub:
         sub = s.names.get(name)
         if not isinstance(sub, PrivateSub):
-            raise ProtocolError(f"session has no private topic {name!r}", ErrorCode.UNKNOWN)
+            # said to the client when a call's handler sends on it: the fix is on its side
+            raise ProtocolError(
+                f"this session is not subscribed to the private topic {name!r}: subscribe to "
+                f"{name!r} before calling a method that sends on it",
+                ErrorCode.UNKNOWN,
+            )
         return sub
 
     def send_nowait(self, s: Session, q: PrivateSub, value: Any) -> int:

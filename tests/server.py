@@ -23,7 +23,12 @@ SERVERS = ["uvicorn", "hypercorn", "granian"]
 
 @contextlib.asynccontextmanager
 async def run_server(
-    app: Any, *, lifespan: str = "on", server: str = "uvicorn", drain: Rubris | None = None
+    app: Any,
+    *,
+    lifespan: str = "on",
+    server: str = "uvicorn",
+    drain: Rubris | None = None,
+    log_level: str = "warning",
 ) -> AsyncIterator[str]:
     """Serve ``app``; yields its base URL, e.g. ``http://127.0.0.1:41234``.
 
@@ -49,7 +54,7 @@ async def run_server(
         port=port,
         ws="websockets-sansio",
         ws_per_message_deflate=False,
-        log_level="warning",
+        log_level=log_level,
         lifespan=lifespan,
     )
     server = uvicorn.Server(config) if drain is None else Server(config, drain)

@@ -101,6 +101,12 @@ async def test_rpc_results_errors_and_streams(transport: str, server: str) -> No
             with pytest.raises(CallError) as err:
                 await c.call("missing")
             assert err.value.code == 3
+            # a send on a private topic this session never subscribed to: the caller is told
+            # what to fix (issue 27), not "internal error"
+            with pytest.raises(CallError) as err:
+                await c.call("fill_inbox", 1)
+            assert err.value.code == 3
+            assert "subscribe to 'inbox'" in err.value.message
             assert [x async for x in c.stream("count", 5)] == [0, 1, 2, 3, 4]
 
 

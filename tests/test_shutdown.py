@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,6 +37,7 @@ from rubris_asgi.serving import Server
 
 from .apps import make_rubris, starlette_app
 from .server import run_server
+from .test_browser import free_port
 from .wirekit import (
     expect_goodbye_and_close,
     lp_hello,
@@ -261,3 +265,51 @@ async def test_drain_is_bounded_by_shutdown_drain_with_a_stuck_client(via_server
         assert rubris.engine.sessions == {} and rubris.websocket.connections == set()
         if via_server:
             await until(lambda: running_tasks() <= before, timeout=3)
+
+
+async def test_plain_uvicorn_ctrl_c_ends_a_waiting_poll_at_once_with_goodbye_9() -> None:
+    """Under plain ``uvicorn app:app`` (no ``rubris_asgi.serve``), Ctrl-C used to wait for a
+    waiting long-poll's whole ``poll_timeout`` (25 s) before the lifespan ran: rubris now drains
+    when uvicorn's signal comes (exit_signal.py), so the poll is answered with GOODBYE 9 at
+    once, the WebSocket client gets GOODBYE 9 too, and the process exits within a second or
+    two."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "uvicorn", "tests.workers_app:app", "--host", "127.0.0.1"],
+        *["--port", str(port), "--log-level", "warning", "--ws-per-message-deflate", "false"],
+        stdin=subprocess.DEVNULL,
+    )
+    client = Client(base + "/rubris", reconnect=False)
+    http = httpx.AsyncClient(base_url=base + "/rubris", timeout=30)
+    try:
+        for _ in range(300):
+            with contextlib.suppress(httpx.HTTPError):
+                if (await http.get("/client.js")).status_code == 200:
+                    break
+            await asyncio.sleep(0.1)
+        await client.connect()
+        await client.subscribe("ticks")
+        waiting = await lp_hello(http, Subscribe(1, "ticks", 0, 0, b""))
+        ack, _ = await lp_poll_all(http, waiting.session, 0)  # the SUBSCRIBED
+        poll = asyncio.create_task(http.get(f"/lp/{waiting.session}", params={"ack": ack}))
+        await asyncio.sleep(0.3)  # the poll waits on the server (poll_timeout 25 s)
+        assert not poll.done()
+
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        r = await asyncio.wait_for(poll, 5)
+        assert r.status_code == 200, (r.status_code, r.text)
+        bye = decode_frame(r.content)[-1]
+        assert isinstance(bye, Goodbye) and bye.code == 9
+        await until(lambda: client.stats.goodbye is not None, timeout=5)
+        assert client.stats.goodbye[0] == 9  # type: ignore[index]
+        await asyncio.wait_for(proc.wait(), 10)
+        took = time.monotonic() - started
+        assert took < 5, f"uvicorn took {took:.1f} s to stop"
+    finally:
+        await client.close()
+        await http.aclose()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -21,6 +21,7 @@ from ..errors import BrokerUnavailable, ErrorCode, ProtocolError
 from ..protocol import Message
 from ..session import Session, SessionState
 from .gateway import Gateway, resumed_id
+from .quiet_log import QuietPolls
 
 FRAME_HEADER = "Rubris-Frame"
 _OCTETS = "application/octet-stream"
@@ -35,9 +36,11 @@ FORWARD_SLACK = 5.0
 class LongPollTransport:
     """The endpoints under ``{mount}/lp`` and the table of long-poll sessions they serve."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, quiet: QuietPolls | None = None) -> None:
         self.gateway = gateway
         self.sessions: dict[str, LongPollSession] = {}
+        self.quiet = quiet
+        """The access-log filter that learns where this transport's routes are, if any."""
 
     def session_ended(self, s: Session) -> None:
         """The engine ended ``s``: drop its entry, release its frame, end a waiting poll."""
@@ -61,6 +64,8 @@ class LongPollTransport:
 
     async def open_session(self, request: Request) -> Response:
         """POST {mount}/lp: HELLO, answered with WELCOME."""
+        if self.quiet is not None:
+            self.quiet.learn(request.scope["path"])
         gateway = self.gateway
         if not gateway.origin_allowed(request.headers.get("origin"), request.headers.get("host")):
             return PlainTextResponse("origin not allowed", status_code=403)
@@ -89,6 +94,8 @@ class LongPollTransport:
 
     async def post_frame(self, request: Request) -> Response:
         """POST {mount}/lp/{session}: a client frame."""
+        if self.quiet is not None:
+            self.quiet.learn(request.scope["path"])
         try:
             user = await self.gateway.authenticate(request)
             sid = request.path_params["session"]
@@ -108,6 +115,8 @@ class LongPollTransport:
 
     async def poll(self, request: Request) -> Response:
         """GET {mount}/lp/{session}?ack=n: wait for the next frame."""
+        if self.quiet is not None:
+            self.quiet.learn(request.scope["path"])
         try:
             user = await self.gateway.authenticate(request)
             sid = request.path_params["session"]

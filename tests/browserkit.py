@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+
+if TYPE_CHECKING:  # imported when used: conftest.py loads this module without Playwright
+    from playwright.sync_api import Browser
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -30,6 +33,8 @@ MISSING_CHROMIUM = (
 @pytest.fixture
 def chromium() -> Iterator[Browser]:
     """A headless Chromium for one test (sync Playwright); import it into the test module."""
+    from playwright.sync_api import sync_playwright
+
     if not HAVE_CHROMIUM:
         pytest.fail(MISSING_CHROMIUM, pytrace=False)
     with sync_playwright() as pw:

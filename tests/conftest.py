@@ -1,11 +1,31 @@
-"""Fixtures shared by test modules."""
+"""Fixtures shared by test modules, and the markers of the suite's parts.
+
+``python3 -m pytest`` runs everything (the README's test command, what CI runs). The parts that
+need more than Python carry a marker, so a developer's inner loop can leave them out::
+
+    python3 -m pytest -m core
+
+- ``browser``: headless Chromium through Playwright (the ``browser``, ``page`` and ``chromium``
+  fixtures, the ``test_browser*.py`` modules);
+- ``spark``: a local SparkSession (the ``spark`` fixture, the Spark examples);
+- ``redis``: a real ``redis-server`` the test starts (the ``redis_server`` / ``redis_url``
+  fixtures, a parameter named ``redis``, and modules that start their own);
+- ``node``: Node.js and npm (the TypeScript check of the browser client);
+- ``install``: a fresh virtual environment installed from PyPI (the README's commands);
+- ``core``: every test with none of the markers above: Python alone.
+
+Markers are given from the fixtures a test uses (``pytest_collection_modifyitems`` below), so a
+new test is marked by what it needs. Playwright and PySpark are imported only by the tests that
+use them: with ``-m "not browser"`` the suite runs without Playwright installed.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright
 from websockets.asyncio.server import serve
 from websockets.typing import Subprotocol
 
@@ -16,12 +36,70 @@ from .browserkit import (
     MISSING_CHROMIUM,
     chromium,  # noqa: F401 (the sync tests' fixture)
 )
+from .sparkkit import spark  # noqa: F401 (the session's SparkSession)
 from .test_client_unit import FakeServer
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser, Page
+
+FIXTURE_MARKS = {
+    "browser": "browser",
+    "page": "browser",
+    "chromium": "browser",
+    "spark": "spark",
+    "redis_server": "redis",
+    "redis_url": "redis",
+}
+"""A test that uses the fixture (directly or through another) gets the marker."""
+
+PARTS = ("browser", "spark", "redis", "node", "install")
+"""The markers of what a test needs besides Python."""
+
+IMPORTED_BY = {
+    "browser": ("playwright", "test_browser*.py"),
+    "spark": ("pyspark", "test_spark*.py"),
+}
+"""The package a part's modules import at the top, and those modules: left out of collection
+when the package is missing and the part is deselected (``-m "not browser"``)."""
+
+
+def pytest_ignore_collect(collection_path: object, config: pytest.Config) -> bool | None:
+    import fnmatch
+    from pathlib import Path
+
+    name = Path(str(collection_path)).name
+    for marker, (package, pattern) in IMPORTED_BY.items():
+        if fnmatch.fnmatch(name, pattern) and importlib.util.find_spec(package) is None:
+            expr = config.option.markexpr or ""
+            if f"not {marker}" in expr or expr.strip() == "core":
+                return True
+            raise pytest.UsageError(
+                f"{name} needs {package}, which is not installed: install the test extra "
+                f"(python3 -m pip install -e '.[test]') or leave these tests out with "
+                f'-m "not {marker}" (or -m core)'
+            )
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        marks = {mark for fixture, mark in FIXTURE_MARKS.items() if fixture in names}
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "redis" in callspec.params.values():
+            marks.add("redis")
+        for mark in marks:
+            item.add_marker(mark)
+        if not any(item.iter_markers(name) for name in PARTS):
+            item.add_marker("core")
 
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
     """Headless Chromium for the Playwright async tests (test_browser.py has its own, sync)."""
+    from playwright.async_api import async_playwright
+
     if not HAVE_CHROMIUM:
         # Not a skip: CI installs chromium, and a suite that quietly skips hides a broken setup.
         pytest.fail(MISSING_CHROMIUM, pytrace=False)
@@ -57,6 +135,3 @@ async def server() -> AsyncIterator[FakeServer]:
     ) as srv:
         fake.port = srv.sockets[0].getsockname()[1]
         yield fake
-
-
-from .sparkkit import spark  # noqa: F401, E402

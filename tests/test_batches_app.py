@@ -374,6 +374,7 @@ async def test_acks_reach_the_store_before_stop(tmp_path: Path) -> None:
     assert (st.state.value, st.done) == ("complete", 50)
 
 
+@pytest.mark.redis
 async def test_queue_item_ends_wait_for_redis_to_come_back() -> None:
     from rubris_asgi.batches.redis_store import RedisBatchStore
 

@@ -28,6 +28,8 @@ from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)
 from .server import run_server
 from .wirekit import lp_collect, lp_hello
 
+pytestmark = pytest.mark.redis  # every test here runs a real redis-server
+
 TOKEN = "secret"
 
 

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from .browserkit import CHROMIUM, CHROMIUM_ARGS, MISSING_CHROMIUM
+from .netkit import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 VIEWPORT: ViewportSize = {"width": 1440, "height": 900}
@@ -82,12 +82,6 @@ WS_SWITCH = """(deadPort) => {
 
 
 # ---- the demo server ------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 API_TOKEN = "browser-test-token"

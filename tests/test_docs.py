@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -52,6 +54,7 @@ def test_batches_example_runs() -> None:
     assert "status: {'state': 'complete', 'total': 20, 'done': 19, 'failed': 1" in out
 
 
+@pytest.mark.spark
 def test_spark_example_runs() -> None:
     out = run_example("spark", timeout=110)  # a SparkSession of its own: about 20 s alone
     done = "{'state': 'complete', 'total': 20, 'done': 20, 'failed': 0, 'completed': True}"

@@ -26,7 +26,7 @@ import pytest
 
 from .faultkit import Scale, Tally, raise_nofile, scenario
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.redis]
 
 
 def report(t: Tally) -> str:

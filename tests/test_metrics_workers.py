@@ -20,7 +20,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from rubris_asgi.protocol import Subscribe
-from tests.test_browser import free_port
+from tests.netkit import free_port
 from tests.wirekit import ws_hello, ws_open
 from tests.workers_app import TOKEN
 

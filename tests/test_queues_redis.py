@@ -26,6 +26,8 @@ from .apps import starlette_app
 from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)
 from .server import run_server
 
+pytestmark = pytest.mark.redis  # every test here runs a real redis-server
+
 TOKEN = "secret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -27,6 +27,8 @@ from .apps import make_rubris, starlette_app
 from .rediskit import RedisServer, redis_server, redis_url  # noqa: F401 (the fixtures)
 from .server import run_server
 
+pytestmark = pytest.mark.redis  # every test here runs a real redis-server
+
 LOGGER = "rubris_asgi.broker"
 
 

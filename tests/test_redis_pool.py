@@ -28,6 +28,8 @@ from .apps import make_rubris, starlette_app
 from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)
 from .server import run_server
 
+pytestmark = pytest.mark.redis  # every test here runs a real redis-server
+
 TOKEN = "secret"
 N = 300
 """Concurrent operations of each kind: three times redis-py 8's default cap."""

@@ -27,6 +27,8 @@ from rubris_asgi.errors import BatchError, UnknownBatch
 
 from . import rediskit
 
+pytestmark = pytest.mark.redis  # every test here runs a real redis-server
+
 redis_server = rediskit.redis_server
 redis_url = rediskit.redis_url
 

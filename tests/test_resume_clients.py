@@ -8,7 +8,7 @@ connection that dies before the client reads them (a WebSocket whose reader is p
 reset; long-poll responses lost on the way until the client says HELLO again), and check that
 every ring seq arrives exactly once, in order, or inside a GAP.
 
-The Python client here; the browser client in tests/test_resume_browser.py.
+The Python client here; the browser client in tests/test_browser_resume.py.
 """
 
 from __future__ import annotations

@@ -23,8 +23,10 @@ from rubris_asgi.client import Client
 
 from .cluster_app import TOKEN
 from .lbkit import Balancer
+from .netkit import free_port
 from .rediskit import RedisServer
-from .test_browser import free_port
+
+pytestmark = pytest.mark.redis  # every test here runs a real redis-server
 
 START_S = 20.0
 

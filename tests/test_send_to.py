@@ -37,6 +37,8 @@ from .apps import make_rubris, starlette_app
 from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)
 from .server import run_server
 
+pytestmark = pytest.mark.redis  # every test here runs a real redis-server
+
 MAIL = 4096
 """The capacity of the ``mail`` private channel: room for every send of a test."""
 

@@ -36,8 +36,8 @@ from rubris_asgi.protocol import (
 from rubris_asgi.serving import Server
 
 from .apps import make_rubris, starlette_app
+from .netkit import free_port
 from .server import run_server
-from .test_browser import free_port
 from .wirekit import (
     expect_goodbye_and_close,
     lp_hello,

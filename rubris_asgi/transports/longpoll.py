@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from asyncio import FIRST_COMPLETED
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
+from starlette.types import Receive
 
 from ..brokers.base import Head, NodeGone
 from ..buffers import FrameBuffer
@@ -128,9 +130,14 @@ class LongPollTransport:
             lp = self._owned(sid, user)
         except ProtocolError as exc:
             return self._error(exc)
-        return (await self._poll(lp, ack)).response()
+        return (await self._poll(lp, ack, request.receive)).response()
 
-    async def _poll(self, lp: LongPollSession, ack: int) -> Answer:
+    async def _poll(self, lp: LongPollSession, ack: int, receive: Receive | None = None) -> Answer:
+        """Wait up to ``poll_timeout`` for ``lp``'s next frame; with the request's ``receive``,
+        stop waiting as soon as the client goes away (a closed tab, a client that stopped):
+        otherwise the poll held its task, and a server shutdown waited for it, the whole
+        ``poll_timeout``. A frame handed to a poll whose client is gone is not lost: the next
+        poll acks the frame before it, and gets it again."""
         s = lp.session
         engine = self.gateway.engine
         lp.last_seen = engine.clock()
@@ -146,8 +153,18 @@ class LongPollTransport:
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         lp.waiter = waiter
         engine.set_ready(s)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(waiter), self.gateway.config.timing.poll_timeout)
+        timeout = self.gateway.config.timing.poll_timeout
+        if receive is None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        else:
+            gone = asyncio.get_running_loop().create_task(_disconnected(receive))
+            try:
+                await asyncio.wait((waiter, gone), timeout=timeout, return_when=FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            # a closed client says no more: shutdown need not wait for it to poll again
+            lp.left = gone.done() and not gone.cancelled() and not waiter.done()
         lp.last_seen = engine.clock()
         if lp.waiter is waiter:
             lp.waiter = None
@@ -256,6 +273,8 @@ class LongPollSession:
         self.lease: FrameBuffer | None = None
         self.waiter: asyncio.Future[bool] | None = None
         self.last_seen = transport.gateway.engine.clock()
+        self.left = False
+        """The client went away during its latest poll (it closed, or its connection broke)."""
 
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
         self.frame_no += 1
@@ -288,8 +307,9 @@ class LongPollSession:
 
     def takes_goodbye(self, now: float) -> bool:
         """Whether a GOODBYE queued now would reach the client: it is polling, or polled
-        within the last second and is about to poll again."""
-        return self.polling() or now - self.last_seen < 1.0
+        within the last second and is about to poll again (unless it went away during that
+        poll)."""
+        return self.polling() or (not self.left and now - self.last_seen < 1.0)
 
     def end(self) -> None:
         """The session ended: release what is held and end a waiting poll."""
@@ -339,3 +359,10 @@ _STATUS = {
     ErrorCode.TOO_MANY: 503,
     ErrorCode.SESSION_EXPIRED: 404,
 }
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the HTTP client of a poll has gone away (ASGI ``http.disconnect``); a GET's
+    ``http.request`` (its empty body) comes first and is passed over."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -181,7 +181,7 @@ class Rubris:
         self.assets = Assets()
         self.observer = Observer(self.engine)
         """This worker's figures (``observer.snapshot()``): the ops page's and /metrics'."""
-        self.board = WorkerBoard(self.observer, _stats_dir(stats_dir))
+        self.board = WorkerBoard(self.observer, _stats_dir(stats_dir), history=ops)
         ops_routes = OpsPage(self.api, self.board, self.assets).routes() if ops else []
         self.router = Router(
             routes=[
@@ -568,7 +568,7 @@ class Rubris:
         if self._batches is not None:
             await self._batches.store.start()
             self._tasks.append(loop.create_task(self._batches.run(), name="rubris-batches"))
-        if self.board.path is not None:
+        if self.board.running:  # the snapshot shared with other workers, the ops history
             self._tasks.append(loop.create_task(self.board.run(), name="rubris-worker-stats"))
         self.started = True
         Rubris.running.add(self)

@@ -211,12 +211,23 @@ def families(snapshots: Iterable[Snapshot]) -> Iterator[Metric]:
         (
             "publish_to_frame_seconds",
             "How long a shared topic's message waits from its publish to the frame that "
-            "carries it (sampled, weighted to stand for every delivery).",
+            "carries it to a WebSocket session (sampled, weighted to stand for every delivery).",
+        ),
+        (
+            "longpoll_publish_to_frame_seconds",
+            "The same for long-poll sessions: it includes the wait for the client's next poll.",
+        ),
+        (
+            "longpoll_ready_to_frame_seconds",
+            "The server's part of long-poll publish to frame: from the later of the publish "
+            "and the poll's arrival to the frame.",
         ),
     ):
         h = HistogramMetricFamily(f"rubris_{name}", doc, labels=[w])
         for s in snaps:
-            data = s["histograms"][name]
+            data = s["histograms"].get(name)
+            if data is None:  # another worker of an older version
+                continue
             cumulative = 0
             buckets = []
             for bound, n in zip([*data["bounds"], float("inf")], data["counts"], strict=True):

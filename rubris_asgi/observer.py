@@ -23,6 +23,7 @@ from .engine import Engine
 from .errors import ErrorCode
 from .flow import current_interval
 from .session import Session
+from .telemetry import HISTOGRAMS
 from .topics import SNAPSHOT
 from .transports.websocket import WebSocketConnection
 
@@ -150,10 +151,7 @@ class Observer:
                     "peak": pool.in_use_unpooled,
                 },
             },
-            "histograms": {
-                "cycle_duration_seconds": tel.cycle.as_dict(),
-                "publish_to_frame_seconds": tel.latency.as_dict(),
-            },
+            "histograms": {name: getattr(tel, attr).as_dict() for name, attr in HISTOGRAMS.items()},
             "errors": [
                 {"kind": kind, "code": code, "name": _CODES.get(code, str(code)), "count": n}
                 for (kind, code), n in sorted(tel.errors.items())

@@ -5,8 +5,10 @@ Off unless ``Rubris(ops=True)``, and then behind the HTTP API's authorisation: t
 send when it navigates to a page: the 401 asks for it) and the ``authorize_api`` hook, asked
 with the name ``OPS`` (a name no channel can offer, so a hook that allows topics by pattern
 does not open the page by accident). The stats answer is every worker's snapshot
-(workers.py); the page (static/ops/ops.js, one ES module, no build) polls it every second and
-draws the last minutes.
+(workers.py); the page (static/ops/ops.js and the modules beside it, no build) polls it every
+second and draws the last five minutes. Its first request asks ``?history=1``: the answer then
+also holds every worker's samples of the last five minutes (history.py), so the charts open
+full instead of starting empty.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ class OpsPage:
             return refused
         workers = self.board.snapshots()
         body = {"time": workers[0]["time"], "interval": self.board.interval, "workers": workers}
+        if request.query_params.get("history"):
+            body["history"] = self.board.histories(workers)
         return Response(
             orjson.dumps(body), headers={"Cache-Control": "no-store"}, media_type="application/json"
         )

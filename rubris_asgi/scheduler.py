@@ -279,7 +279,7 @@ class Scheduler:
 
         Replays are left out: a snapshot's first value and whatever was published before the
         session's connection began (a resume, a ring replay)."""
-        latency = self.telemetry.latency
+        timed = self.telemetry.timed  # by transport: long-poll waits for its polls
         weight = n // PROBES or 1
         span = end - start
         for i, subs in probes:
@@ -294,8 +294,9 @@ class Scheduler:
                     stamp = t.stamp
                 else:  # the message at the old cursor, or the oldest held when it was lapped
                     stamp = t.stamps[max(cursor, t.seq - t.cap + 1) % t.cap]
-                if stamp >= sub.session.attached_at:  # type: ignore[attr-defined]
-                    latency.observe(max(0.0, at - stamp), weight)
+                s: Session = sub.session  # type: ignore[assignment]
+                if stamp >= s.attached_at:
+                    timed(s, at, stamp, weight)
 
     def _serve(self, s: Session) -> bool:
         """Build and hand over one frame for ``s``; the hot path of the whole engine."""

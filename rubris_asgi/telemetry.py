@@ -4,22 +4,34 @@ Most figures an operator wants are counters the engine keeps anyway (``CycleStat
 ``PoolStats``, ``IntakeStats``, ``QueueStats``); they are read when someone looks (a scrape of
 ``/metrics``, the ops page) and never pushed anywhere. This module holds the few things that
 were not counted yet: events outside the cycle (NAKs, blocked writes, closes, errors, sessions
-opened), and two histograms:
+opened), and the histograms:
 
 ``cycle``
     How long each scheduler cycle took: two clock reads per cycle.
 
 ``latency``
-    Publish to frame: how long a message of a shared topic waited between its publish (its
-    arrival, for one that came through the intake) and the frame that carried it to a session.
-    This is the latency and the skew the batching source document is about: subscribers of one
-    topic get its message in the same cycle, so the spread of this histogram is the spread of
-    the cycle. Timing every delivery would cost a clock read and a bucket search per message, so
-    each cycle *samples* at most ``PROBES`` of the sessions it serves, evenly spread over the
-    cycle, and times the first ``PROBE_SUBS`` of their pending shared topics. A sample stands
-    for ``step`` sessions (its weight), so the histogram's count estimates deliveries. The time
-    a sampled frame was handed over is interpolated between the cycle's start and end by the
-    session's place in the cycle: no clock is read per frame.
+    Publish to frame, WebSocket sessions: how long a message of a shared topic waited between
+    its publish (its arrival, for one that came through the intake) and the frame that carried
+    it to a session. This is the latency and the skew the batching source document is about:
+    subscribers of one topic get its message in the same cycle, so the spread of this histogram
+    is the spread of the cycle. Timing every delivery would cost a clock read and a bucket
+    search per message, so each cycle *samples* at most ``PROBES`` of the sessions it serves,
+    evenly spread over the cycle, and times the first ``PROBE_SUBS`` of their pending shared
+    topics. A sample stands for ``step`` sessions (its weight), so the histogram's count
+    estimates deliveries. The time a sampled frame was handed over is interpolated between the
+    cycle's start and end by the session's place in the cycle: no clock is read per frame.
+
+``longpoll``
+    The same, for long-poll sessions, kept apart because it measures something else: a
+    long-poll session can be sent a frame only while one of its polls waits, and a frame takes
+    at most one message of each topic, so a message also waits for the client to come back,
+    once per message of its topic queued before it. On a topic published faster than the
+    client polls, that queue and this figure grow while the server answers every poll at once;
+    mixed into ``latency`` it made a server answering in milliseconds look seconds late.
+
+``longpoll_ready``
+    The server's part of ``longpoll``: from the later of the publish and the arrival of the
+    poll that took the frame, to the frame. It is ``latency``'s counterpart for long-poll.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable
 
+from .session import Session
 from .topics import SharedTopic
 
 CYCLE_BOUNDS = (
@@ -64,6 +77,19 @@ LATENCY_BOUNDS = (
     10.0,
 )
 """Upper bounds (seconds) of the publish-to-frame buckets."""
+LONGPOLL_BOUNDS = (*LATENCY_BOUNDS, 30.0, 60.0, 120.0, 300.0, 600.0)
+"""The same for long-poll's publish to frame, which waits for the client's polls: a client that
+polls slower than its topic is published falls behind by minutes (quantiles stop at the last
+bound, and a chart stuck at 10 s would hide that it keeps growing)."""
+
+HISTOGRAMS = {
+    "cycle_duration_seconds": "cycle",
+    "publish_to_frame_seconds": "latency",
+    "longpoll_publish_to_frame_seconds": "longpoll",
+    "longpoll_ready_to_frame_seconds": "longpoll_ready",
+}
+"""The histograms by the name the snapshot, ``/metrics`` and the ops page give them -> the
+attribute of ``Telemetry`` that holds it."""
 
 PROBES = 16
 """Sessions sampled per cycle for publish-to-frame (all of them when a cycle serves fewer)."""
@@ -118,11 +144,13 @@ class Histogram:
 
 
 class Telemetry:
-    """Counters of events outside the cycle, and the two histograms (module docstring)."""
+    """Counters of events outside the cycle, and the histograms (module docstring)."""
 
     __slots__ = (
         "cycle",
         "latency",
+        "longpoll",
+        "longpoll_ready",
         "retired_seqs",
         "sessions_opened",
         "sessions_resumed",
@@ -139,6 +167,8 @@ class Telemetry:
     def __init__(self) -> None:
         self.cycle = Histogram(CYCLE_BOUNDS)
         self.latency = Histogram(LATENCY_BOUNDS)
+        self.longpoll = Histogram(LONGPOLL_BOUNDS)
+        self.longpoll_ready = Histogram(LATENCY_BOUNDS)
         self.retired_seqs = 0
         """The seqs of shared topics forgotten: their publishes, which ``published`` adds to
         the live topics' seqs (counted so, not per publish, to keep publish lean)."""
@@ -158,6 +188,18 @@ class Telemetry:
         """Protocol errors sent, by (GOODBYE / REJECTED / RESULT / http, protocol code)."""
         self.api_refusals: Counter[int] = Counter()
         """HTTP API requests refused, by status."""
+
+    def timed(self, s: Session, at: float, stamp: float, weight: int) -> None:
+        """A sampled delivery to ``s``: a message published at ``stamp`` went out in a frame
+        handed over at ``at`` (the scheduler's probes; module docstring)."""
+        if s.transport != "longpoll":
+            self.latency.observe(max(0.0, at - stamp), weight)
+            return
+        self.longpoll.observe(max(0.0, at - stamp), weight)
+        # a long-poll sink's ``last_seen`` is when its waiting poll came: before the frame
+        # was handed over, the poll that takes it has not returned to set it again
+        polled = getattr(s.sink, "last_seen", stamp)
+        self.longpoll_ready.observe(max(0.0, at - max(stamp, polled)), weight)
 
     def published(self, topics: Iterable[SharedTopic]) -> int:
         """Messages stored in shared topics since start: the live ``topics``' seqs (a seq

@@ -8,6 +8,12 @@ files of the others to its own, fresh, snapshot. A worker's series keep its own 
 label (counters stay monotonic per worker; sum them in the query), and another worker's
 figures are at most ``interval`` old.
 
+With the ops page on, each worker also keeps the page's last five minutes (history.py) and,
+with a directory, appends each second's sample to ``{directory}/history-{host}-{pid}.jsonl``
+(rewritten from the ring when it reaches twice the ring's length, so it stays under 600 lines):
+the worker that answers the page's first request serves every worker's history, which the page
+adds up as it adds up their live snapshots.
+
 This is prometheus-client's multiprocess mode in spirit, one file per process, but written
 once a second from counters the engine keeps anyway, instead of a memory-mapped write on every
 increment of the hot path. A worker that stops removes its file; one that was killed leaves it
@@ -22,11 +28,13 @@ import contextlib
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from .history import History
 from .observer import Observer
 
 log = logging.getLogger("rubris_asgi")
@@ -48,15 +56,33 @@ def stats_dir(directory: str | os.PathLike[str] | None) -> Path | None:
     return None
 
 
+def _name(host: object, pid: object) -> str:
+    """A worker's part of its file names: ``host-pid``, safe as a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{host}-{pid}")
+
+
 class WorkerBoard:
     """This worker's snapshot and, with a directory, the other workers' (module docstring)."""
 
-    def __init__(self, observer: Observer, directory: Path | None, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        observer: Observer,
+        directory: Path | None,
+        interval: float = 1.0,
+        *,
+        history: bool = False,
+    ) -> None:
         self.observer = observer
         self.directory = directory
         self.interval = interval
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{observer.host}-{observer.pid}")
+        name = _name(observer.host, observer.pid)
         self.path = directory / f"rubris-{name}.json" if directory is not None else None
+        self.history = (
+            History(observer.engine, observer.worker, interval=interval) if history else None
+        )
+        """The ops page's last minutes (history.py), kept when the page is on."""
+        self.history_path = directory / f"history-{name}.jsonl" if directory is not None else None
+        self._history_lines = 0
 
     def snapshots(self) -> list[dict[str, Any]]:
         """Every live worker's snapshot, this worker's first (fresh, ``self``: true)."""
@@ -81,18 +107,41 @@ class WorkerBoard:
             out.append(snap)
         return out
 
+    @property
+    def running(self) -> bool:
+        """Whether ``run`` has anything to do: share the snapshot, or keep the history."""
+        return self.path is not None or self.history is not None
+
     async def run(self) -> None:
-        """Write this worker's snapshot every ``interval`` (a task of ``Rubris.start``)."""
+        """Every ``interval``: take this worker's history sample and, with a directory, write
+        its snapshot and append the sample for the other workers (a task of ``Rubris.start``
+        when ``running``)."""
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._sweep()
+            if self.history_path is not None:  # a killed process of the same pid left it
+                with contextlib.suppress(OSError):
+                    self.history_path.unlink()
+        while True:
+            self.tick()
+            await asyncio.sleep(self.interval)
+
+    def tick(self) -> None:
+        """One turn of ``run``."""
+        sample = None
+        if self.history is not None:
+            try:
+                sample = self.history.sample()
+            except Exception:  # a bug here must not stop the snapshot being shared
+                log.exception("ops history: the sample failed")
         if self.path is None:
             return
-        self.directory.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-        self._sweep()
-        while True:
-            try:
-                self.write()
-            except OSError as exc:  # a full disk must not stop the worker; it just goes unseen
-                log.warning("worker stats: cannot write %s: %s", self.path, exc)
-            await asyncio.sleep(self.interval)
+        try:
+            self.write()
+            if sample is not None:
+                self._append(sample)
+        except OSError as exc:  # a full disk must not stop the worker; it just goes unseen
+            log.warning("worker stats: cannot write %s: %s", self.directory, exc)
 
     def write(self) -> None:
         assert self.path is not None
@@ -101,13 +150,56 @@ class WorkerBoard:
         tmp.write_bytes(orjson.dumps(snap))
         os.replace(tmp, self.path)  # readers see the old file or the new one, never half
 
+    def _append(self, sample: bytes) -> None:
+        """Add the newest sample to this worker's history file: one line, or the whole ring
+        again once the file holds twice its length (the file stays bounded)."""
+        assert self.history_path is not None and self.history is not None
+        if self._history_lines >= 2 * (self.history.samples.maxlen or 1):
+            lines = [data for _, data in self.history.samples]
+            tmp = self.history_path.with_suffix(".tmp")
+            tmp.write_bytes(b"\n".join(lines) + b"\n")
+            os.replace(tmp, self.history_path)
+            self._history_lines = len(lines)
+            return
+        with self.history_path.open("ab") as f:
+            f.write(sample + b"\n")
+        self._history_lines += 1
+
+    def histories(self, snapshots: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The history of every worker in ``snapshots`` (``snapshots()``'s answer) for the
+        page's first request: this worker's ring and the others' files, oldest sample first.
+        None without a history (the ops page off)."""
+        history = self.history
+        if history is None:
+            return None
+        now = float(snapshots[0]["time"])
+        since = now - history.span
+        samples: list[tuple[float, Any]] = [
+            (at, orjson.Fragment(data)) for at, data in history.recent(now)
+        ]
+        if self.directory is not None:
+            for snap in snapshots:
+                if snap.get("self"):
+                    continue
+                path = self.directory / f"history-{_name(snap.get('host'), snap.get('pid'))}.jsonl"
+                samples.extend(_read_history(path, since, snap.get("worker")))
+        samples.sort(key=lambda x: x[0])
+        return {
+            "interval": self.interval,
+            "span": history.span,
+            "bounds": history.bounds(),
+            "samples": [sample for _, sample in samples],
+        }
+
     def close(self) -> None:
-        if self.path is not None:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
+        for path in (self.path, self.history_path):
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
     def _sweep(self) -> None:
-        """Remove the files of workers of this host that are gone (killed, not stopped)."""
+        """Remove the files of workers of this host that are gone (killed, not stopped), and
+        history files left without a worker."""
         assert self.directory is not None
         host = self.observer.host
         for path in self.directory.glob("rubris-*.json"):
@@ -118,6 +210,38 @@ class WorkerBoard:
                 path.unlink()
             except (OSError, ValueError, orjson.JSONDecodeError, AttributeError):
                 continue
+        stale = STALE * self.interval
+        for path in self.directory.glob("history-*.jsonl"):
+            own = path.name.removeprefix("history-").removesuffix(".jsonl")
+            with contextlib.suppress(OSError):
+                # a live worker appends every interval, and its snapshot file is there
+                if not (self.directory / f"rubris-{own}.json").exists() and _age(path) > stale:
+                    path.unlink()
+
+
+def _age(path: Path) -> float:
+    return time.time() - path.stat().st_mtime
+
+
+def _read_history(path: Path, since: float, worker: object) -> list[tuple[float, Any]]:
+    """Another worker's samples newer than ``since``, from its history file; a line being
+    written right now (or any that does not parse) is left out."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return []
+    out = []
+    for line in raw.splitlines():
+        try:
+            sample = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(sample, dict) or sample.get("worker") != worker:
+            continue
+        at = sample.get("time")
+        if isinstance(at, (int, float)) and at > since:
+            out.append((float(at), sample))
+    return out
 
 
 def _alive(pid: int) -> bool:

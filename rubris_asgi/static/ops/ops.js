@@ -1,687 +1,46 @@
 // rubris ops page: the browser side of `{mount}/ops`.
 //
-// One ES module, no build step, no dependencies. The server answers `{mount}/ops` with an empty
-// HTML shell that loads this file; everything else (style, header, tiles, charts, tables) is built
-// here. The module polls `{mount}/ops/stats` once a second (the JSON described in the project's
-// "rubris ops: the stats JSON" contract) and turns successive snapshots into rates:
+// ES modules, no build step, no dependencies. The server answers `{mount}/ops` with an empty HTML
+// shell that loads this file; everything else (style, header, tiles, charts, tables) is built
+// here. The page polls `{mount}/ops/stats` once a second (the JSON described in the project's
+// "rubris ops: the stats JSON" contract); its first request asks for the server's history too,
+// so the "last 5 minutes" charts open full. The modules, by concern:
 //
-//   - every worker writes its own snapshot; counters are monotonic since that worker started, so
-//     rates come from diffing two snapshots OF THE SAME WORKER, over that worker's own `time`;
-//   - the totals on the page are sums of the per-worker rates and gauges;
-//   - the last 5 minutes are kept (300 points) and drawn as inline SVG by `drawChart`.
-//
-// Reading order: constants and formatting, DOM helpers, per-worker state, the totals of one
-// poll, the history, the chart, tiles/tables/header, then the poll loop at the bottom.
+//   format.js    value helpers and number formatting
+//   dom.js       building elements from untrusted text
+//   figures.js   per-worker state, rates diffed from snapshots, the totals of one poll
+//   history.js   the samples the charts draw, and the server's history replayed into them
+//   charts.js    the charts (inline SVG) and what each one measures
+//   ops.js       tiles, tables, header, the page itself and the poll loop (this file)
 //
 // Everything the server sends (topic names, users, worker ids, hosts) is untrusted text: it only
 // reaches the DOM through textContent and setAttribute, never innerHTML. Objects keyed by such
 // names are Maps or prototype-less objects, so a topic called "__proto__" is just a topic.
 
-// ---------------------------------------------------------------------------------------------
-// Constants
+import { CAPTIONS, CHART_DEFS, CHART_H, createChart, drawChart, updateChart } from "./charts.js";
+import { el } from "./dom.js";
+import { computeTotals, observeWorkers, POLL_MS, workers } from "./figures.js";
+import {
+  fmtByteRate, fmtBytes, fmtClock, fmtCount, fmtDuration, fmtMs, fmtNum, fmtPct, fmtRate, isNum, num, str,
+  sum,
+} from "./format.js";
+import { recordSample, replayHistory } from "./history.js";
 
-const POLL_MS = 1000;
-const HISTORY = 300; // points kept per series: 5 minutes at 1 s
-const WINDOW_S = (HISTORY * POLL_MS) / 1000;
-const WORKER_TTL_MS = 5000; // a worker missing from the answers this long is forgotten
 const STALE_MS = 3500; // no good answer for this long: the figures on screen are old
 const FETCH_TIMEOUT_MS = 4000; // a hung request must not stop the polling
-const BREAK_S = 2.5; // two points further apart than this are not joined: the hole is an outage
-const TOP_TOPICS = 5;
-const MAX_QUEUE_SERIES = 4;
 const TABLE_ROWS = 15;
-const CHART_H = 200;
 const STATS_URL = new URL("stats", import.meta.url);
-
-// Distinct on light and dark backgrounds, and for the common colour-blindnesses first two.
-const PALETTE = ["#2563eb", "#e8590c", "#0d9488", "#c026d3", "#ca8a04", "#64748b"];
-
-// Protocol error codes (protocol.md section 9, rubris_asgi/errors.py ErrorCode). Kind "http"
-// carries the same codes, answered over long-poll.
-const ERROR_CODES = new Map([
-  [1, "PROTOCOL"],
-  [2, "UNSUPPORTED_VERSION"],
-  [3, "UNKNOWN"],
-  [4, "NOT_AUTHORISED"],
-  [5, "TOO_LARGE"],
-  [6, "TOO_MANY"],
-  [7, "SLOW_CONSUMER"],
-  [8, "SESSION_EXPIRED"],
-  [9, "SHUTTING_DOWN"],
-  [10, "REJECTED"],
-]);
-
-// ---------------------------------------------------------------------------------------------
-// Small value helpers and number formatting
-
-const isNum = (x) => typeof x === "number" && Number.isFinite(x);
-const num = (x) => (isNum(x) ? x : 0);
-const str = (x) => (x == null ? "" : String(x));
-const list = (x) => (Array.isArray(x) ? x : []);
-const dict = () => Object.create(null);
-const sum = (values) => values.reduce((a, b) => a + num(b), 0);
-
-/** Three significant digits and a unit prefix: 1234 -> "1.23k", 0.5 -> "0.5". */
-function fmtScaled(x, units, base) {
-  if (!isNum(x)) return "–";
-  let v = x;
-  let i = 0;
-  // Compare the rounded value so 999.7 becomes "1k", not "1000".
-  while (Math.abs(Number(v.toPrecision(3))) >= base && i < units.length - 1) {
-    v /= base;
-    i += 1;
-  }
-  return `${Number(v.toPrecision(3))}${units[i]}`;
-}
-
-const fmtNum = (x) => fmtScaled(x, ["", "k", "M", "G", "T"], 1000);
-const fmtRate = (x) => (isNum(x) ? `${fmtNum(x)}/s` : "–");
-const fmtBytes = (x) => fmtScaled(x, [" B", " kB", " MB", " GB", " TB"], 1000);
-const fmtByteRate = (x) => (isNum(x) ? `${fmtBytes(x)}/s` : "–");
-const fmtPct = (x) => (isNum(x) ? `${Number(x.toPrecision(x >= 100 ? 4 : 3))}%` : "–");
-
-/** Whole counts are easier to compare with separators, until they get long. */
-const fmtCount = (x) =>
-  !isNum(x) ? "–" : Math.abs(x) < 1e6 ? Math.round(x).toLocaleString("en-US") : fmtNum(x);
-
-/** Seconds as milliseconds while under a second: 0.0123 -> "12.3 ms". */
-function fmtMs(s) {
-  if (!isNum(s)) return "–";
-  if (s === 0) return "0 ms";
-  if (Math.abs(s) >= 1) return `${Number(s.toPrecision(3))} s`;
-  const ms = s * 1000;
-  return `${Number(ms.toPrecision(ms < 1 ? 2 : 3))} ms`;
-}
-
-/** Uptime style: "3d 4h", "2h 5m", "5m 3s", "42s". */
-function fmtDuration(s) {
-  if (!isNum(s) || s < 0) return "–";
-  const d = Math.floor(s / 86400);
-  const h = Math.floor((s % 86400) / 3600);
-  const m = Math.floor((s % 3600) / 60);
-  const sec = Math.floor(s % 60);
-  if (d) return `${d}d ${h}h`;
-  if (h) return `${h}h ${m}m`;
-  if (m) return `${m}m ${sec}s`;
-  return `${sec}s`;
-}
-
-const fmtClock = (ms) => new Date(ms).toLocaleTimeString("en-GB", { hour12: false });
-
-// ---------------------------------------------------------------------------------------------
-// DOM helpers: strings always become text nodes (Element.append), so server text cannot inject.
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  setAttrs(node, attrs);
-  node.append(...children.filter((c) => c != null && c !== false));
-  return node;
-}
-
-const SVG_NS = "http://www.w3.org/2000/svg";
-
-function svgEl(tag, attrs = {}, ...children) {
-  const node = document.createElementNS(SVG_NS, tag);
-  setAttrs(node, attrs);
-  node.append(...children.filter((c) => c != null && c !== false));
-  return node;
-}
-
-function setAttrs(node, attrs) {
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value == null || value === false) continue;
-    if (key === "text") node.textContent = str(value);
-    else node.setAttribute(key, value === true ? "" : str(value));
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Per-worker state: the last snapshot of each worker and the rates diffed from it.
-
-/**
- * @typedef {object} WorkerState
- * @property {string} id         the snapshot's `worker` (host:pid)
- * @property {object} snap       its newest snapshot
- * @property {boolean} self      it answered the last poll
- * @property {number} firstMs    page clock when it first appeared
- * @property {number} seenMs     page clock when it was last in an answer
- * @property {object|null} rates counter name -> per second, over its last interval
- * @property {object} hist       histogram name -> {bounds, counts} of its last interval
- * @property {Map} errorRates    "kind code" -> per second
- * @property {Map} queueRates    queue name -> {field: per second}
- */
-
-/** @type {Map<string, WorkerState>} */
-const workers = new Map();
-
-function observeWorkers(snapshots, nowMs) {
-  for (const w of workers.values()) w.self = false;
-  for (const snap of snapshots) {
-    if (!snap || typeof snap !== "object" || typeof snap.worker !== "string") continue;
-    let w = workers.get(snap.worker);
-    if (!w) {
-      w = { id: snap.worker, snap: null, self: false, firstMs: nowMs, seenMs: nowMs, rates: null, hist: dict() };
-      w.errorRates = new Map();
-      w.queueRates = new Map();
-      workers.set(snap.worker, w);
-    }
-    w.self = snap.self === true;
-    w.seenMs = nowMs;
-    advanceWorker(w, snap);
-  }
-  // Forget workers that stopped appearing (shut down, or their snapshot expired on the server).
-  for (const [id, w] of workers) if (nowMs - w.seenMs > WORKER_TTL_MS) workers.delete(id);
-}
-
-function advanceWorker(w, snap) {
-  const prev = w.snap;
-  if (!prev) {
-    w.snap = snap;
-    return;
-  }
-  const dt = num(snap.time) - num(prev.time);
-  // Another worker's snapshot is rewritten once per interval: the same `time` as before means
-  // nothing new, so its last rates stand rather than dropping to zero.
-  if (!(dt > 0)) return;
-  // Counters going backwards: a restart under the same id. Start again from this snapshot.
-  if (wentBackwards(prev.counters, snap.counters)) {
-    w.snap = snap;
-    return;
-  }
-  w.rates = counterRates(prev.counters, snap.counters, dt);
-  w.hist = histogramDeltas(prev.histograms, snap.histograms);
-  w.errorRates = keyedRates(errorEntries(prev), errorEntries(snap), errorKey, ["count"], dt);
-  w.queueRates = keyedRates(prev.queues, snap.queues, (q) => str(q.name), QUEUE_COUNTERS, dt);
-  w.snap = snap;
-}
-
-const QUEUE_COUNTERS = ["enqueued", "delivered", "acked", "nacked", "redelivered", "revoked",
-  "dead_lettered", "dropped", "duplicates"];
-
-const errorKey = (e) => `${str(e.kind)} ${str(e.code)}`;
-
-/**
- * A snapshot's protocol errors, and its HTTP API refusals as kind "api" (code: the HTTP status):
- * one list, so the table and the rates treat them alike.
- */
-function errorEntries(snap) {
-  const refusals = list(snap.api_refusals).map((r) => ({
-    kind: "api", code: r?.status, name: `HTTP ${str(r?.status)}`, count: r?.count,
-  }));
-  return [...list(snap.errors).filter((e) => e && typeof e === "object"), ...refusals];
-}
-
-function wentBackwards(prev, next) {
-  if (!prev || !next) return false;
-  return Object.keys(prev).some((k) => isNum(prev[k]) && isNum(next[k]) && next[k] < prev[k]);
-}
-
-function counterRates(prev, next, dt) {
-  const out = dict();
-  for (const [k, v] of Object.entries(next ?? {})) {
-    if (isNum(v) && isNum(prev?.[k])) out[k] = (v - prev[k]) / dt;
-  }
-  return out;
-}
-
-/** The bucket counts of the last interval, per histogram; none when the two do not line up. */
-function histogramDeltas(prev, next) {
-  const out = dict();
-  for (const [name, h] of Object.entries(next ?? {})) {
-    const p = prev?.[name];
-    const bounds = list(h?.bounds);
-    const counts = list(h?.counts);
-    if (!p || counts.length !== bounds.length + 1 || list(p.counts).length !== counts.length) continue;
-    const delta = counts.map((c, i) => num(c) - num(p.counts[i]));
-    if (delta.some((d) => d < 0)) continue;
-    out[name] = { bounds, counts: delta };
-  }
-  return out;
-}
-
-/**
- * Rates of the monotonic fields of list entries (errors, queues), matched by key. An entry that
- * was absent before started from zero: entries appear with their first event.
- */
-function keyedRates(prevList, nextList, keyOf, fields, dt) {
-  const before = new Map(list(prevList).map((e) => [keyOf(e), e]));
-  const out = new Map();
-  for (const e of list(nextList)) {
-    const p = before.get(keyOf(e));
-    const rates = dict();
-    for (const f of fields) {
-      const d = num(e[f]) - num(p?.[f]);
-      if (d >= 0) rates[f] = d / dt;
-    }
-    out.set(keyOf(e), rates);
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The totals of one poll: sums across workers.
-
-/** Sum the numeric fields of several objects ({shared: 3, private: 1} + ...). */
-function sumFields(objects) {
-  const out = dict();
-  for (const o of objects) {
-    for (const [k, v] of Object.entries(o ?? {})) if (isNum(v)) out[k] = num(out[k]) + v;
-  }
-  return out;
-}
-
-/** Prometheus' histogram_quantile: linear inside the bucket; the +Inf bucket gives the last bound. */
-function quantile(q, bounds, counts) {
-  const total = sum(counts);
-  if (!(total > 0) || bounds.length === 0) return null;
-  const rank = q * total;
-  let cum = 0;
-  for (let i = 0; i < counts.length; i += 1) {
-    const c = counts[i];
-    if (c > 0 && cum + c >= rank) {
-      if (i >= bounds.length) return bounds[bounds.length - 1];
-      const lo = i === 0 ? 0 : bounds[i - 1];
-      return lo + (bounds[i] - lo) * ((rank - cum) / c);
-    }
-    cum += c;
-  }
-  return bounds[bounds.length - 1];
-}
-
-/** The last interval's distribution summed across workers (same bounds), then its quantiles. */
-function histogramQuantiles(ws, name) {
-  let bounds = null;
-  let counts = null;
-  for (const w of ws) {
-    const h = w.hist[name];
-    if (!h) continue;
-    if (!bounds) {
-      bounds = h.bounds;
-      counts = h.counts.slice();
-    } else if (h.bounds.length === bounds.length) {
-      h.counts.forEach((c, i) => { counts[i] += c; });
-    }
-  }
-  // No sample in the interval: null, which the chart draws as a gap rather than a fake zero.
-  if (!bounds) return { p50: null, p99: null, count: 0 };
-  return { p50: quantile(0.5, bounds, counts), p99: quantile(0.99, bounds, counts), count: sum(counts) };
-}
-
-function computeTotals(nowMs) {
-  const ws = [...workers.values()];
-  const snaps = ws.map((w) => w.snap);
-  const withRates = ws.filter((w) => w.rates);
-  // A worker that just appeared has no rate yet: summing without it would draw a false dip, so
-  // the totals wait for it (a gap) for a few seconds; one that never moves stops being waited for.
-  const waiting = ws.some((w) => !w.rates && nowMs - w.firstMs < 3 * POLL_MS);
-  const rates = withRates.length && !waiting ? sumFields(withRates.map((w) => w.rates)) : null;
-  const rate = (k) => (rates ? num(rates[k]) : null);
-  const counters = sumFields(snaps.map((s) => s.counters));
-  const gauges = sumFields(snaps.map((s) => s.gauges));
-  const fills = snaps.map((s) => s.gauges?.intake_fill_ratio).filter(isNum);
-  const sessionsBy = dict();
-  for (const s of snaps) {
-    for (const [transport, states] of Object.entries(s.sessions ?? {})) {
-      sessionsBy[transport] = sumFields([sessionsBy[transport], states]);
-    }
-  }
-  const sessions = sumFields(Object.values(sessionsBy));
-  return {
-    ws,
-    rates,
-    rate,
-    counters,
-    gauges,
-    // The worst worker's intake is the one that refuses first: show the maximum, not a sum.
-    intakeFill: fills.length ? Math.max(...fills) * 100 : null,
-    sessionsBy,
-    sessions,
-    subscriptions: sumFields(snaps.map((s) => s.subscriptions)),
-    topicsCount: sumFields(snaps.map((s) => s.topics)),
-    pool: poolTotals(snaps),
-    cycle: histogramQuantiles(ws, "cycle_duration_seconds"),
-    ptf: histogramQuantiles(ws, "publish_to_frame_seconds"),
-    topics: topicRows(ws),
-    queues: queueRows(ws),
-    errors: errorRows(ws),
-    slowest: slowRows(ws),
-  };
-}
-
-function poolTotals(snaps) {
-  const out = dict();
-  for (const cls of ["block", "large", "unpooled"]) {
-    out[cls] = sumFields(snaps.map((s) => s.pool?.[cls]));
-    out[cls].peak = Math.max(0, ...snaps.map((s) => num(s.pool?.[cls]?.peak)));
-  }
-  return out;
-}
-
-function topicRows(ws) {
-  const rows = [];
-  for (const w of ws) {
-    for (const t of list(w.snap.topics_busiest)) rows.push({ ...t, worker: w.id });
-  }
-  rows.sort((a, b) => num(b.rate) - num(a.rate));
-  // A shared topic lives in every worker that has subscribers: its rate is the sum by name.
-  const byName = new Map();
-  for (const r of rows) byName.set(str(r.name), num(byName.get(str(r.name))) + num(r.rate));
-  return { rows, byName };
-}
-
-function queueRows(ws) {
-  // Queue topics live in one process; should a name show up in several, they are summed.
-  const byName = new Map();
-  for (const w of ws) {
-    for (const q of list(w.snap.queues)) {
-      const name = str(q.name);
-      const row = byName.get(name) ?? { name, rates: dict(), workers: [] };
-      for (const f of ["waiting", "outstanding", "consumers", ...QUEUE_COUNTERS]) {
-        row[f] = num(row[f]) + num(q[f]);
-      }
-      const r = w.queueRates.get(name);
-      for (const f of QUEUE_COUNTERS) if (r && isNum(r[f])) row.rates[f] = num(row.rates[f]) + r[f];
-      row.workers.push(w.id);
-      byName.set(name, row);
-    }
-  }
-  return [...byName.values()].sort((a, b) => b.waiting - a.waiting || a.name.localeCompare(b.name));
-}
-
-function errorRows(ws) {
-  const byKey = new Map();
-  for (const w of ws) {
-    for (const e of errorEntries(w.snap)) {
-      const key = errorKey(e);
-      // The server names the code; the table here covers an older server that does not.
-      const name = typeof e.name === "string" ? e.name : ERROR_CODES.get(e.code) ?? "";
-      const row = byKey.get(key) ?? { kind: str(e.kind), code: e.code, name, count: 0, rate: 0 };
-      row.count += num(e.count);
-      row.rate += num(w.errorRates.get(key)?.count);
-      byKey.set(key, row);
-    }
-  }
-  return [...byKey.values()].sort((a, b) => b.rate - a.rate || b.count - a.count);
-}
-
-/** Worst first, by the same order the server uses: stuck writes, then failures, holds, NAKs. */
-function slowRows(ws) {
-  const rows = [];
-  for (const w of ws) {
-    for (const s of list(w.snap.slowest)) {
-      // The server lists its worst ten even when they are fine; a session with no sign of
-      // trouble is not a slow session.
-      const trouble = num(s.blocked_for) + num(s.failed_sends) + num(s.held_for) + num(s.nak_fill)
-        + num(s.nak_interval) + num(s.backlog);
-      if (trouble > 0) rows.push({ ...s, worker: w.id });
-    }
-  }
-  const keys = ["blocked_for", "failed_sends", "held_for", "nak_fill", "backlog", "nak_interval"];
-  rows.sort((a, b) => {
-    for (const k of keys) if (num(b[k]) !== num(a[k])) return num(b[k]) - num(a[k]);
-    return 0;
-  });
-  return rows;
-}
-
-// ---------------------------------------------------------------------------------------------
-// History: one sample per good poll, at most HISTORY of them.
-
-/** @type {{t: number, v: object}[]}  t: page clock in seconds; v: series key -> value or null */
-const history = [];
-
-function recordSample(tot, nowMs) {
-  const v = dict();
-  v.delivered = tot.rate("messages_delivered");
-  v.published = tot.rate("published_messages");
-  v.cycleP50 = tot.cycle.p50;
-  v.cycleP99 = tot.cycle.p99;
-  v.ptfP50 = tot.ptf.p50;
-  v.ptfP99 = tot.ptf.p99;
-  v.connected = num(tot.sessions.connected);
-  v.detached = num(tot.sessions.detached);
-  v.intake = tot.intakeFill;
-  v.pool = tot.pool.block.limit > 0 ? (100 * tot.pool.block.in_use) / tot.pool.block.limit : null;
-  v.blocked = tot.rate("blocked_writes");
-  v.failed = tot.rate("failed_sends");
-  v.naks = tot.rate("naks_received");
-  for (const [name, r] of tot.topics.byName) v[`topic:${name}`] = r;
-  v.unacked = tot.queues.length ? sum(tot.queues.map((q) => q.outstanding)) : null;
-  for (const q of tot.queues) v[`queue:${q.name}`] = q.waiting;
-  history.push({ t: nowMs / 1000, v });
-  // Bounded memory: the page may stay open for weeks on a wall screen.
-  while (history.length > HISTORY) history.shift();
-}
-
-// ---------------------------------------------------------------------------------------------
-// The chart: inline SVG, one polyline per contiguous run of a series, drawn from scratch on
-// every poll (a few hundred nodes; simpler and cheaper than diffing).
-
-const PAD = { left: 62, right: 12, top: 10, bottom: 22 };
-
-function createChart(def) {
-  const svg = svgEl("svg", { class: "plot", height: CHART_H, role: "img", "aria-label": def.title });
-  const legend = el("div", { class: "legend" });
-  const note = el("div", { class: "note", hidden: true });
-  const root = el(
-    "section",
-    { class: "card chart", "data-chart": def.name },
-    el("header", {}, el("h3", { text: def.title }), legend),
-    svg,
-    note,
-  );
-  const chart = { def, root, svg, legend, note, hoverT: null, series: [], colours: new Map() };
-  svg.addEventListener("pointermove", (e) => guard(() => hoverChart(chart, e)));
-  svg.addEventListener("pointerleave", () => guard(() => {
-    chart.hoverT = null;
-    drawChart(chart);
-  }));
-  return chart;
-}
-
-/** Step of about `raw` from 1, 2, 2.5, 5 x 10^n: tick labels stay round. */
-function niceStep(raw) {
-  const mag = 10 ** Math.floor(Math.log10(raw));
-  const f = raw / mag;
-  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 2.5 ? 2.5 : f <= 5 ? 5 : 10) * mag;
-}
-
-function yTop(def, hi) {
-  let step = niceStep(Math.max(hi, def.minTop) / 4);
-  if (def.integer) step = Math.max(1, Math.ceil(step));
-  const top = step * 4;
-  return def.cap ? Math.min(def.cap, top) : top;
-}
-
-/** The x range: the last WINDOW_S seconds up to the newest sample. */
-function timeScale(width) {
-  const tEnd = history.length ? history[history.length - 1].t : Date.now() / 1000;
-  const tStart = tEnd - WINDOW_S;
-  const x0 = PAD.left;
-  const x1 = width - PAD.right;
-  return { tEnd, tStart, x0, x1, x: (t) => x0 + ((t - tStart) / WINDOW_S) * (x1 - x0) };
-}
-
-function drawChart(chart) {
-  const { def, svg } = chart;
-  const width = Math.max(260, Math.round(svg.getBoundingClientRect().width) || 560);
-  svg.setAttribute("viewBox", `0 0 ${width} ${CHART_H}`);
-  const ts = timeScale(width);
-  const y0 = CHART_H - PAD.bottom;
-  const y1 = PAD.top;
-  let hi = 0;
-  for (const s of history) {
-    for (const ser of chart.series) if (isNum(s.v[ser.key])) hi = Math.max(hi, s.v[ser.key]);
-  }
-  const top = yTop(def, hi);
-  const y = (v) => y0 - (Math.min(v, top) / top) * (y0 - y1);
-
-  const nodes = [...yGrid(def, top, y, ts), ...timeTicks(ts, y0)];
-  for (const ser of chart.series) nodes.push(seriesNode(ser, ts, y));
-  const hovered = hoverSample(chart);
-  if (hovered) nodes.push(hoverMarks(chart, hovered, ts, y, y0, y1));
-  svg.replaceChildren(...nodes);
-  drawLegend(chart, hovered, ts);
-}
-
-function yGrid(def, top, y, ts) {
-  const nodes = [];
-  for (let i = 0; i <= 4; i += 1) {
-    const v = (top * i) / 4;
-    const yy = y(v).toFixed(1);
-    nodes.push(svgEl("line", { class: i ? "grid" : "axis", x1: ts.x0, x2: ts.x1, y1: yy, y2: yy }));
-    nodes.push(svgEl("text", { class: "ylab", x: ts.x0 - 6, y: Number(yy) + 3.5, text: def.fmt(v) }));
-  }
-  return nodes;
-}
-
-function timeTicks(ts, y0) {
-  const nodes = [];
-  for (let m = WINDOW_S / 60; m >= 0; m -= 1) {
-    const x = ts.x(ts.tEnd - m * 60).toFixed(1);
-    const anchor = m === WINDOW_S / 60 ? "start" : m === 0 ? "end" : "middle";
-    nodes.push(svgEl("line", { class: "tick", x1: x, x2: x, y1: y0, y2: y0 + 4 }));
-    nodes.push(svgEl("text", { class: "xlab", x, y: y0 + 15, "text-anchor": anchor, text: m ? `-${m}m` : "now" }));
-  }
-  return nodes;
-}
-
-/** A <g> of polylines: a null value or a hole in time ends a run, so a gap shows as a gap. */
-function seriesNode(ser, ts, y) {
-  const g = svgEl("g", { class: "series", "data-series": ser.label, stroke: ser.colour });
-  let run = [];
-  let prevT = null;
-  const flush = () => {
-    // A lone point still shows: a zero-length line with round caps is a dot.
-    if (run.length === 1) run.push(run[0]);
-    if (run.length) g.append(svgEl("polyline", { points: run.join(" ") }));
-    run = [];
-  };
-  for (const s of history) {
-    const v = s.v[ser.key];
-    if (prevT !== null && s.t - prevT > BREAK_S) flush();
-    prevT = s.t;
-    if (!isNum(v) || s.t < ts.tStart) {
-      flush();
-      continue;
-    }
-    run.push(`${ts.x(s.t).toFixed(1)},${y(v).toFixed(1)}`);
-  }
-  flush();
-  return g;
-}
-
-function hoverChart(chart, event) {
-  const rect = chart.svg.getBoundingClientRect();
-  if (!rect.width) return;
-  const width = Math.max(260, Math.round(rect.width));
-  const ts = timeScale(width);
-  const x = ((event.clientX - rect.left) / rect.width) * width;
-  chart.hoverT = ts.tStart + ((x - ts.x0) / (ts.x1 - ts.x0)) * WINDOW_S;
-  drawChart(chart);
-}
-
-/** The sample nearest to the pointer, or null when the pointer is not over the chart. */
-function hoverSample(chart) {
-  if (chart.hoverT == null || !history.length) return null;
-  let best = null;
-  for (const s of history) {
-    if (!best || Math.abs(s.t - chart.hoverT) < Math.abs(best.t - chart.hoverT)) best = s;
-  }
-  return Math.abs(best.t - chart.hoverT) <= BREAK_S ? best : null;
-}
-
-function hoverMarks(chart, sample, ts, y, y0, y1) {
-  const x = ts.x(sample.t).toFixed(1);
-  const g = svgEl("g", { class: "hover" }, svgEl("line", { x1: x, x2: x, y1, y2: y0 }));
-  for (const ser of chart.series) {
-    const v = sample.v[ser.key];
-    if (isNum(v)) g.append(svgEl("circle", { cx: x, cy: y(v).toFixed(1), r: 3, fill: ser.colour }));
-  }
-  return g;
-}
-
-function drawLegend(chart, hovered, ts) {
-  const sample = hovered ?? history[history.length - 1];
-  const items = chart.series.map((ser) => el(
-    "span",
-    { class: "item", title: ser.label },
-    el("i", { class: "swatch", style: `background:${ser.colour}` }),
-    el("span", { class: "name", text: ser.label }),
-    el("b", { class: "num", text: chart.def.fmt(sample?.v[ser.key]) }),
-  ));
-  if (hovered) items.push(el("span", { class: "at", text: `at -${fmtDuration(ts.tEnd - hovered.t)}` }));
-  chart.legend.replaceChildren(...items);
-}
-
-/**
- * Colours follow a name while it stays on the chart (a topic keeps its colour when the order of
- * the busiest changes); a name that leaves frees its colour.
- */
-function assignColours(chart, series) {
-  const keep = new Set(series.map((s) => s.key));
-  for (const key of chart.colours.keys()) if (!keep.has(key)) chart.colours.delete(key);
-  for (const s of series) {
-    if (!chart.colours.has(s.key)) {
-      const used = new Set(chart.colours.values());
-      chart.colours.set(s.key, PALETTE.find((c) => !used.has(c)) ?? PALETTE[PALETTE.length - 1]);
-    }
-    s.colour = chart.colours.get(s.key);
-  }
-  return series;
-}
-
-// The charts: name (data-chart), title, value format and which series of the samples to draw.
-const rateAxis = { fmt: fmtRate, minTop: 1 };
-const msAxis = { fmt: fmtMs, minTop: 0.001 };
-const CHART_DEFS = [
-  { name: "throughput", title: "Deliveries and publishes", ...rateAxis,
-    series: () => [{ key: "delivered", label: "deliveries/s" }, { key: "published", label: "publishes/s" }] },
-  { name: "cycle-latency", title: "Cycle time", ...msAxis,
-    series: () => [{ key: "cycleP50", label: "p50" }, { key: "cycleP99", label: "p99" }] },
-  { name: "publish-latency", title: "Publish to frame", ...msAxis,
-    series: () => [{ key: "ptfP50", label: "p50" }, { key: "ptfP99", label: "p99" }] },
-  { name: "sessions", title: "Sessions", fmt: fmtNum, minTop: 4, integer: true,
-    series: () => [{ key: "connected", label: "connected" }, { key: "detached", label: "detached" }] },
-  { name: "capacity", title: "Intake fill and pool use", fmt: fmtPct, minTop: 4, cap: 100,
-    series: () => [{ key: "intake", label: "intake fill" }, { key: "pool", label: "pool blocks in use" }] },
-  { name: "topics", title: `Busiest topics (top ${TOP_TOPICS})`, ...rateAxis,
-    series: (tot) => [...tot.topics.byName]
-      .sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]))
-      .slice(0, TOP_TOPICS)
-      .map(([name]) => ({ key: `topic:${name}`, label: name })),
-    empty: (tot) => (tot.topics.byName.size ? null : "no topic published yet") },
-  { name: "queues", title: "Queue depths", fmt: fmtNum, minTop: 4, integer: true,
-    series: (tot) => [
-      ...tot.queues.slice(0, MAX_QUEUE_SERIES).map((q) => ({ key: `queue:${q.name}`, label: `${q.name} waiting` })),
-      { key: "unacked", label: "unacked (all)" },
-    ],
-    empty: (tot) => (tot.queues.length ? null : "no queue topics") },
-  { name: "slow-clients", title: "Slow clients", ...rateAxis,
-    series: () => [
-      { key: "blocked", label: "blocked writes/s" },
-      { key: "failed", label: "failed sends/s" },
-      { key: "naks", label: "NAKs received/s" },
-    ] },
-];
-
-function updateChart(chart, tot) {
-  const emptyText = chart.def.empty?.(tot) ?? null;
-  chart.note.hidden = !emptyText;
-  chart.note.textContent = emptyText ?? "";
-  chart.svg.style.display = emptyText ? "none" : "";
-  chart.series = assignColours(chart, chart.def.series(tot));
-  if (emptyText) chart.legend.replaceChildren();
-  else drawChart(chart);
-}
+// The first answer also brings the server's last five minutes (history.js).
+const HISTORY_URL = new URL("stats?history=1", import.meta.url);
 
 // ---------------------------------------------------------------------------------------------
 // Tiles: the current value of the things an operator looks at first.
 
-function createTile(name, label) {
+function createTile(name, label, title) {
   const value = el("div", { class: "value num", text: "–" });
   const sub = el("div", { class: "sub" });
-  const root = el("div", { class: "card tile", "data-tile": name }, el("div", { class: "label", text: label }), value, sub);
+  const root = el("div", { class: "card tile", "data-tile": name, title },
+    el("div", { class: "label", text: label }), value, sub);
   return {
     root,
     set(v, detail = "", level = "") {
@@ -695,6 +54,7 @@ function createTile(name, label) {
 const TILE_DEFS = [
   ["sessions", "Sessions"], ["subscriptions", "Subscriptions"], ["topics", "Topics"],
   ["deliveries", "Deliveries"], ["frames", "Frames"], ["publishes", "Publishes"],
+  ["latency", "Publish to frame", `${CAPTIONS.websocket}\n\n${CAPTIONS.longpoll}`],
   ["sent", "Sent"], ["compression", "Saved by compression"], ["intake", "Intake fill"],
   ["pool", "Pool blocks"], ["gaps", "GAPs"], ["slow-closes", "Slow-consumer closes"],
   ["errors", "Errors"],
@@ -713,6 +73,7 @@ const level = (value, warnAt, badAt = Infinity) => (value >= badAt ? "bad" : val
 function updateTiles(tiles, tot) {
   updateLoadTiles(tiles, tot);
   updateTrafficTiles(tiles, tot);
+  updateLatencyTile(tiles, tot);
   updateCapacityTiles(tiles, tot);
   updateTroubleTiles(tiles, tot);
 }
@@ -749,6 +110,22 @@ function updateTrafficTiles(tiles, tot) {
     `kept ${fmtNum(num(tot.counters.compressions_kept))}`,
     `discarded ${fmtNum(num(tot.counters.compressions_discarded))}`,
   ));
+}
+
+const BUDGET_S = 0.25; // the scheduler's publish-to-frame budget (docs/operations.md, "Alerts")
+
+/**
+ * Publish to frame: WebSocket's p99 is the server's latency. Long-poll's, when there are such
+ * sessions, is shown beside it with the server's part of it, so that the difference explains
+ * itself: the rest is the time messages waited for the client to poll (charts.js, CAPTIONS).
+ */
+function updateLatencyTile(tiles, tot) {
+  const { ptf, lp, lpReady } = tot;
+  const longpoll = sum(Object.values(tot.sessionsBy.longpoll ?? {})) > 0 || isNum(lp.p99);
+  tiles.latency.set(fmtMs(ptf.p99), detail(
+    `WebSocket p99 · p50 ${fmtMs(ptf.p50)}`,
+    longpoll && `long-poll p99 ${fmtMs(lp.p99)} incl. waiting for polls, server's part ${fmtMs(lpReady.p99)}`,
+  ), num(ptf.p99) > BUDGET_S || num(lpReady.p99) > BUDGET_S ? "warn" : "");
 }
 
 /** Intake and pool: how close the server is to refusing work. */
@@ -975,6 +352,7 @@ h2 { margin: 6px 0 -4px; font-size: 11.5px; font-weight: 700; text-transform: up
 .tile .label { color: var(--muted); font-size: 11.5px; font-weight: 600; text-transform: uppercase; letter-spacing: .04em; }
 .tile .value { font-size: 23px; font-weight: 650; margin: 2px 0 1px; white-space: nowrap; letter-spacing: -0.01em; }
 .tile .sub { color: var(--muted); font-size: 11.5px; }
+.caption { margin: 0 0 6px; color: var(--muted); font-size: 11.5px; line-height: 1.4; }
 /* Figures that are no longer current fade, so nobody acts on them as if they were. */
 body[data-state=stale] main .value, body[data-state=error] main .value,
 body[data-state=stale] .plot .series, body[data-state=error] .plot .series { opacity: .45; }
@@ -1018,8 +396,8 @@ function buildPage() {
   const workerList = el("div", { class: "workers" });
   const banner = el("div", { class: "banner", role: "alert", "data-message": "", hidden: true });
   const tiles = {};
-  for (const [name, label] of TILE_DEFS) tiles[name] = createTile(name, label);
-  const charts = CHART_DEFS.map(createChart);
+  for (const [name, label, title] of TILE_DEFS) tiles[name] = createTile(name, label, title);
+  const charts = CHART_DEFS.map((def) => createChart(def, guard));
   const tables = createTables();
 
   // An empty icon: otherwise the browser asks for /favicon.ico, and its 404 is a console error.
@@ -1034,7 +412,9 @@ function buildPage() {
       el("div", { class: "charts" }, ...charts.map((c) => c.root)),
       el("h2", { text: "Details" }),
       el("div", { class: "tables" }, ...Object.values(tables).map((t) => t.root))),
-    el("footer", { text: `Polls ${STATS_URL.pathname} every ${POLL_MS / 1000} s. Rates are per worker over its own snapshot interval, summed.` }),
+    el("footer", { text: `Polls ${STATS_URL.pathname} every ${POLL_MS / 1000} s. Rates are per worker over its own `
+      + "snapshot interval, summed. The charts open with the server's last 5 minutes (one sample a second per "
+      + "worker, kept whether or not a page is open)." }),
   );
   return { statusText, statusWrap, updated, workerList, banner, tiles, charts, tables };
 }
@@ -1052,11 +432,12 @@ function guard(fn) {
 }
 
 /** One request: the parsed JSON, or a message saying what went wrong. Never throws. */
-async function fetchStats() {
+async function fetchStats(withHistory) {
   const abort = new AbortController();
   const timer = setTimeout(() => abort.abort(), FETCH_TIMEOUT_MS);
   try {
-    const response = await fetch(STATS_URL, { cache: "no-store", signal: abort.signal });
+    const url = withHistory ? HISTORY_URL : STATS_URL;
+    const response = await fetch(url, { cache: "no-store", signal: abort.signal });
     if (response.status === 401 || response.status === 403) {
       return { problem: `not authorised (${response.status}): reload and sign in` };
     }
@@ -1075,6 +456,8 @@ async function fetchStats() {
 
 function render(data) {
   const nowMs = Date.now();
+  // Before the first live figures: the charts' last five minutes, from the server.
+  if (data.history) replayHistory(data.history, data.time, nowMs);
   observeWorkers(data.workers, nowMs);
   const tot = computeTotals(nowMs);
   recordSample(tot, nowMs);
@@ -1087,10 +470,12 @@ function render(data) {
 const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
 
 async function pollForever() {
+  let haveHistory = false;
   for (;;) {
     const started = performance.now();
-    const { data, problem } = await fetchStats();
+    const { data, problem } = await fetchStats(!haveHistory);
     if (data) {
+      haveHistory = true;
       status.lastOkMs = Date.now();
       status.problem = null;
       guard(() => render(data));

@@ -56,8 +56,12 @@ PARTS = ("browser", "spark", "redis", "node", "install")
 """The markers of what a test needs besides Python."""
 
 IMPORTED_BY = {
-    "browser": ("playwright", "test_browser*.py"),
-    "spark": ("pyspark", "test_spark*.py"),
+    "browser": ("playwright", ("test_browser*.py", "test_example_batches.py")),
+    "spark": ("pyspark", ("test_spark*.py",)),
+    "redis": (
+        "redis",
+        ("test_*redis*.py", "test_faults.py", "test_scaleout.py", "test_send_to.py"),
+    ),
 }
 """The package a part's modules import at the top, and those modules: left out of collection
 when the package is missing and the part is deselected (``-m "not browser"``)."""
@@ -68,8 +72,11 @@ def pytest_ignore_collect(collection_path: object, config: pytest.Config) -> boo
     from pathlib import Path
 
     name = Path(str(collection_path)).name
-    for marker, (package, pattern) in IMPORTED_BY.items():
-        if fnmatch.fnmatch(name, pattern) and importlib.util.find_spec(package) is None:
+    for marker, (package, patterns) in IMPORTED_BY.items():
+        if (
+            any(fnmatch.fnmatch(name, p) for p in patterns)
+            and importlib.util.find_spec(package) is None
+        ):
             expr = config.option.markexpr or ""
             if f"not {marker}" in expr or expr.strip() == "core":
                 return True
@@ -91,7 +98,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             marks.add("redis")
         for mark in marks:
             item.add_marker(mark)
-        if not any(item.iter_markers(name) for name in PARTS):
+        if all(item.get_closest_marker(name) is None for name in PARTS):
             item.add_marker("core")
 
 

@@ -37,8 +37,8 @@ from rubris_asgi.protocol import Mode, Subscribe
 from rubris_asgi.telemetry import HISTOGRAMS
 from rubris_asgi.workers import WorkerBoard
 from tests.enginekit import FakeClock, connect
+from tests.netkit import free_port
 from tests.server import run_server
-from tests.test_browser import free_port
 from tests.wirekit import ws_hello, ws_open
 from tests.workers_app import TOKEN as WORKERS_TOKEN
 

@@ -18,12 +18,12 @@ export const batchMethods = {
    * Follow a batch until it completes or expires.
    *
    * @param {string} id The batch's id (what `rubris.batches.open()` or `POST /api/batches` gave).
-   * @param {(state: {state: string, total: number, done: number, failed: number,
-   *   completed: boolean}) => any} [onUpdate] Called with every state received, the first and the
+   * @param {(state: {state: "open"|"sealed"|"complete"|"expired", total: number, done: number,
+   *   failed: number, completed: boolean}) => any} [onUpdate] Called with every state received, the first and the
    *   final one included (an error it throws, or a promise it rejects, is reported, not raised).
    * @param {object} [opts]
-   * @param {number} [opts.timeout] Milliseconds to wait for the final state; none by default.
-   * @returns {Promise<{state: string, total: number, done: number, failed: number,
+   * @param {number|null} [opts.timeout] Milliseconds to wait for the final state; none by default.
+   * @returns {Promise<{state: "complete"|"expired", total: number, done: number, failed: number,
    *   completed: boolean}>} Resolves with the final state ("complete" or "expired"). Rejects with
    *   a {@link RubrisError}: the server's code when it refuses the subscription (3: unknown
    *   batch, 4: not allowed) or ends it, "timeout" when `timeout` passes first, "closed" when the

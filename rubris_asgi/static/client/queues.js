@@ -552,7 +552,8 @@ export const queueMethods = {
    * @param {number} [opts.codelInterval=100] CoDel's interval (ms): roughly the worst normal
    *   handler time of one item.
    * @param {number} [opts.maxBuffer=10000] Items buffered here at most; beyond it NACK at once.
-   * @param {(info: object) => void} [opts.onSubscribed] As for subscribe().
+   * @param {(info: {name: string, mode: number, codec: number, epoch: number, head: number,
+   *   recovered: boolean}) => void} [opts.onSubscribed] As for subscribe().
    * @param {(err: {code: number, reason: string}) => void} [opts.onError] The server refused.
    * @param {(why: {code: number, reason: string}) => void} [opts.onUnsubscribed] The server
    *   ended the subscription.

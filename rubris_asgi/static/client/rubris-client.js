@@ -44,7 +44,7 @@ export class RubrisClient {
    *
    * @param {string} [url="/rubris"] Where the plugin is mounted; relative to the page, or absolute
    *   (http(s):// or ws(s)://). A query string is sent to every endpoint.
-   * @param {object} [options]
+   * @param {object} [options] Each optional; one left out or given as undefined has its default.
    * @param {"auto"|"websocket"|"longpoll"} [options.transport="auto"] "auto" tries WebSocket and
    *   falls back to long-poll when WebSockets do not get through: for good if no WebSocket has
    *   worked on this page yet; otherwise until a WebSocket opens again (probed with backoff).
@@ -64,7 +64,9 @@ export class RubrisClient {
    * @param {Function} [options.fetch] fetch implementation (default: the global one).
    */
   constructor(url = "/rubris", options = {}) {
-    const opts = { ...DEFAULTS, ...options };
+    const opts = { ...DEFAULTS };
+    // An option given as undefined keeps its default, as one left out does.
+    for (const [key, value] of Object.entries(options ?? {})) if (value !== undefined) opts[key] = value;
     opts.WebSocket ??= globalThis.WebSocket;
     opts.fetch ??= globalThis.fetch?.bind(globalThis);
     if (!["auto", "websocket", "longpoll"].includes(opts.transport)) {

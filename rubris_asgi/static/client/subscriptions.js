@@ -107,7 +107,7 @@ export const subscriptionMethods = {
    *   calls asked for, counted from when that call was made. A snapshot topic ignores it (its
    *   value comes anyway).
    * @param {(gap: {from: number, count: number}) => void} [opts.onGap] Messages lost for good.
-   * @param {(info: {mode: number, codec: number, epoch: number, head: number, recovered: boolean}) => void} [opts.onSubscribed]
+   * @param {(info: {name: string, mode: number, codec: number, epoch: number, head: number, recovered: boolean}) => void} [opts.onSubscribed]
    *   Called at every SUBSCRIBED: the first, the re-subscribe after a new session, and the
    *   answer to a ring position restated by a resumed session (`recovered`: nothing was lost
    *   while the connection was down).

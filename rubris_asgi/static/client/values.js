@@ -12,7 +12,7 @@
 export class RubrisError extends Error {
   /**
    * @param {string} message
-   * @param {number|string} code
+   * @param {number|"closed"|"timeout"|"unsubscribed"} code
    */
   constructor(message, code) {
     super(message);

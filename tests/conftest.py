@@ -3,7 +3,7 @@
 ``python3 -m pytest`` runs everything (the README's test command, what CI runs). The parts that
 need more than Python carry a marker, so a developer's inner loop can leave them out::
 
-    python3 -m pytest -m core
+    python3 -m pytest -m "core and not slow"
 
 - ``browser``: headless Chromium through Playwright (the ``browser``, ``page`` and ``chromium``
   fixtures, the ``test_browser*.py`` modules);
@@ -13,6 +13,8 @@ need more than Python carry a marker, so a developer's inner loop can leave them
 - ``node``: Node.js and npm (the TypeScript check of the browser client);
 - ``install``: a fresh virtual environment installed from PyPI (the README's commands);
 - ``core``: every test with none of the markers above: Python alone.
+
+``slow`` (given by hand) marks a scenario that takes seconds by design.
 
 Markers are given from the fixtures a test uses (``pytest_collection_modifyitems`` below), so a
 new test is marked by what it needs. Playwright and PySpark are imported only by the tests that

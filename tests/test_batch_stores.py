@@ -263,6 +263,7 @@ def _acker(
     out.put(asyncio.run(main()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 async def test_four_processes_acking_at_once_lose_no_bit(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest

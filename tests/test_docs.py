@@ -19,6 +19,7 @@ def run_example(name: str, timeout: float = 60) -> str:
     ).stdout
 
 
+@pytest.mark.slow
 def test_quickstart_runs() -> None:
     out = run_example("quickstart")
     for transport in ("websocket", "longpoll"):
@@ -28,6 +29,7 @@ def test_quickstart_runs() -> None:
         assert f"[{transport}] stream: [3, 2, 1]" in out
 
 
+@pytest.mark.slow
 def test_publishing_example_runs() -> None:
     out = run_example("publishing")
     assert "HTTP answer: 200 {'accepted': 1, 'duplicates': 0, 'fill': 0} Rubris-Fill: 0" in out
@@ -37,6 +39,7 @@ def test_publishing_example_runs() -> None:
     assert "trades.MSFT #3: {'px': 412, 'via': 'SyncPublisher'}" in out
 
 
+@pytest.mark.slow
 def test_queues_example_runs() -> None:
     out = run_example("queues")
     assert "HTTP answer: 200 {'accepted': 11, 'duplicates': 1, 'fill': 0}" in out
@@ -45,6 +48,7 @@ def test_queues_example_runs() -> None:
     assert "enqueued 21, duplicates 1, acked 20, nacked 3, dead-lettered 1" in out
 
 
+@pytest.mark.slow
 def test_batches_example_runs() -> None:
     out = run_example("batches")
     assert "enqueued: {'accepted': 20, 'duplicates': 0, 'fill': 0}" in out
@@ -64,6 +68,7 @@ def test_spark_example_runs() -> None:
     assert "micro-batch 1: [(6, 190.0, 7)]" in out
 
 
+@pytest.mark.slow
 def test_metrics_example_runs() -> None:
     out = run_example("metrics")
     assert "rubris_sessions {'state': 'connected', 'transport': 'websocket'} 1" in out

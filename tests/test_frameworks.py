@@ -385,6 +385,7 @@ async def test_paths_under_the_prefix_go_to_rubris_the_rest_to_the_app() -> None
                 assert (await (await c.subscribe("snap.a")).get(timeout=5))[0] == {"initial": "a"}
 
 
+@pytest.mark.slow
 async def test_a_deeper_path_and_a_proxy_root_path() -> None:
     """``path="/push/v1"``; and uvicorn ``--root-path /api`` (a proxy that strips ``/api``):
     the middleware routes on the path below the root path."""

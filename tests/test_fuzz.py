@@ -192,6 +192,7 @@ def lp_exchange(http: httpx.Client, first: bytes, rest: list[bytes]) -> None:
 # ------------------------------------------------------------------ the test
 
 
+@pytest.mark.slow
 async def test_fuzzing_both_transports_leaks_nothing_and_disturbs_nobody() -> None:
     errors = Errors()
     loggers = [logging.getLogger(n) for n in ("rubris_asgi", "uvicorn.error", "uvicorn")]

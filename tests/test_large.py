@@ -160,6 +160,7 @@ def stalled(rubris: Rubris) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow
 async def test_many_clients_receiving_1_mib_messages_keep_memory_bounded() -> None:
     """50 subscribers (in a process of their own) receive 1 MiB messages published back to
     back; the server's memory peak is a fraction of what it delivers, and every lease comes

@@ -86,6 +86,7 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 
+@pytest.mark.slow
 async def test_a_scripted_run_shows_in_the_metrics() -> None:
     app, rubris = make_app()
     async with run_server(app) as base:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rubris_asgi.protocol import Subscribe
@@ -39,6 +40,7 @@ def _connected(text: str) -> tuple[set[str], float]:
     return workers, connected
 
 
+@pytest.mark.slow
 async def test_any_worker_answers_for_both(tmp_path: Path) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"

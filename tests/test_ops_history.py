@@ -237,6 +237,7 @@ def _app() -> tuple[Starlette, Rubris]:
     return app, rubris
 
 
+@pytest.mark.slow
 async def test_the_stats_endpoint_serves_the_history_taken_without_a_page() -> None:
     app, rubris = _app()
     auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -334,6 +335,7 @@ def test_the_history_file_stays_bounded(tmp_path: Path) -> None:
     a.close()
 
 
+@pytest.mark.slow
 async def test_two_uvicorn_workers_serve_one_history_that_adds_up(tmp_path: Path) -> None:
     """``uvicorn --workers 2`` (tests/workers_app.py): whichever worker answers serves both
     workers' samples, and a second's samples add up to the sessions the live figures count."""

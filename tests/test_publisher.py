@@ -172,6 +172,7 @@ async def test_sync_publisher_from_a_thread(served: tuple[Rubris, str]) -> None:
         assert await receive(sub, 250) == list(range(250))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["websocket", "longpoll"])
 async def test_a_publishing_client_gets_flow_and_slows(transport: str) -> None:
     rubris = make(intake=100)

@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
+
 from rubris_asgi import Rubris, Session
 from rubris_asgi.client import Client, QueueItem
 
@@ -73,6 +75,7 @@ async def work(client: Client, seconds: list[float], done: Counter[int]) -> None
     await client.consume("jobs", handle)
 
 
+@pytest.mark.slow
 async def test_one_slow_consumer_far_away_runs_each_item_once() -> None:
     n = 200
     done: Counter[int] = Counter()
@@ -84,6 +87,7 @@ async def test_one_slow_consumer_far_away_runs_each_item_once() -> None:
         assert [i for i, k in done.items() if k > 1] == [], (st, client.stats)
 
 
+@pytest.mark.slow
 async def test_a_consumer_that_slows_down_sheds_to_the_others_and_nothing_runs_twice() -> None:
     """Three consumers 50 ms away at 4 ms an item; one slows to 40 ms: what waits in it goes
     to the others (client CoDel give-backs, server REVOKEs), each item is run once."""

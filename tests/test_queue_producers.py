@@ -128,6 +128,7 @@ async def test_enqueue_returns_when_taken_and_raises_item_refused(transport: str
             assert producer.stats.rejected == 5  # 1 + 1 + 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_outcome_unknown_when_the_connection_is_cut_after_the_publish(
     transport: str,
@@ -155,6 +156,7 @@ async def test_outcome_unknown_when_the_connection_is_cut_after_the_publish(
             assert producer.stats.enqueued == 2 and producer.stats.rejected == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_enqueue_many_returns_the_refusals_by_index(transport: str) -> None:
     """One call, many items, one wait: the refusals come back in order, each naming its
@@ -281,6 +283,7 @@ async def test_no_log_line_per_refusal(caplog: pytest.LogCaptureFixture) -> None
     assert rubris.engine.telemetry.errors.get(("rejected", ErrorCode.TOO_MANY), 0) >= 520
 
 
+@pytest.mark.slow
 async def test_a_producer_slows_down_before_anything_is_refused() -> None:
     """The issue's case: 1,500 items as fast as a bounded window allows into a queue of 1,000
     with no consumer: FLOW 50 % before the first refusal, the rate cut, exactly the 500 items
@@ -310,6 +313,7 @@ async def test_a_producer_slows_down_before_anything_is_refused() -> None:
                 assert sorted(got) == sorted(taken)
 
 
+@pytest.mark.slow
 async def test_a_consumer_slower_than_the_producer_means_fewer_refusals() -> None:
     rubris = producer_rubris(1000)
     async with run_server(starlette_app(rubris)) as base:

@@ -211,6 +211,7 @@ async def test_direct_stop_refuses_newcomers_and_says_goodbye() -> None:
         assert not {"rubris-scheduler", "rubris-housekeeping"} & names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("via_server", [True, False], ids=["Server", "stop"])
 async def test_drain_is_bounded_by_shutdown_drain_with_a_stuck_client(via_server: bool) -> None:
     """A client that stopped reading cannot take its GOODBYE: the drain gives up after
@@ -267,6 +268,7 @@ async def test_drain_is_bounded_by_shutdown_drain_with_a_stuck_client(via_server
             await until(lambda: running_tasks() <= before, timeout=3)
 
 
+@pytest.mark.slow
 async def test_plain_uvicorn_ctrl_c_ends_a_waiting_poll_at_once_with_goodbye_9() -> None:
     """Under plain ``uvicorn app:app`` (no ``rubris_asgi.serve``), Ctrl-C used to wait for a
     waiting long-poll's whole ``poll_timeout`` (25 s) before the lifespan ran: rubris now drains

@@ -24,6 +24,9 @@ Operations: Prometheus metrics at /metrics; the live operations page at /rubris/
 any user name, the API token as the password).
 Batch store: in memory, like the queue whose jobs the batches track (a restart loses both, and
 nothing is written to disk); RUBRIS_BATCHES=path keeps them in that SQLite file instead.
+Several workers (``python -m example_app --workers N``) share topics, queues and batches through
+the Redis of RUBRIS_REDIS_URL (batches in RedisBatchStore then, RUBRIS_BATCHES unused), and one
+market: cluster.py (one worker simulates, by lease; the others follow its ticks).
 """
 
 from __future__ import annotations
@@ -46,21 +49,38 @@ from rubris_asgi.batches import BatchStore, MemoryBatchStore, SQLiteBatchStore, 
 from rubris_asgi.errors import UnknownBatch
 from rubris_asgi.metrics import Metrics
 
+from . import cluster as clustering
 from .market import SYMBOLS, Market
 
 STATIC = Path(__file__).parent / "static"
 
 API_TOKEN = os.environ.get("RUBRIS_API_TOKEN") or secrets.token_urlsafe(16)
 
-BATCH_FILE = os.environ.get("RUBRIS_BATCHES") or None
-"""The SQLite file of batch tracking (made when the first batch opens); None: in memory.
+REDIS_URL = clustering.redis_url()
+"""RUBRIS_REDIS_URL: the Redis that several workers share (cluster.py); None: one process."""
+
+BATCH_FILE = None if REDIS_URL else os.environ.get("RUBRIS_BATCHES") or None
+"""The SQLite file of batch tracking (made when the first batch opens); None: in memory, or in
+Redis with REDIS_URL (where the queue's jobs are too, for every worker).
 
 Not rubris's default (a SQLite file in the working directory): the jobs a batch tracks live in
 this process's queue, so a batch kept past a restart could only wait for jobs that are gone."""
-batch_store: BatchStore = SQLiteBatchStore(BATCH_FILE) if BATCH_FILE else MemoryBatchStore()
+
+
+def _batch_store() -> BatchStore:
+    if REDIS_URL:
+        from rubris_asgi.batches.redis_store import RedisBatchStore
+
+        return RedisBatchStore(REDIS_URL)
+    return SQLiteBatchStore(BATCH_FILE) if BATCH_FILE else MemoryBatchStore()
+
+
+batch_store = _batch_store()
 
 rubris = Rubris(compress_at=512, api_token=API_TOKEN, batches=batch_store, ops=True)
 market = Market()
+cluster = clustering.from_env(market)
+"""With RUBRIS_REDIS_URL: this worker's part in the one market of all workers; else None."""
 
 
 @rubris.shared("prices.{symbol}", snapshot=True)
@@ -141,7 +161,14 @@ async def reprice_result(session: Session, args: Any) -> None:
 
 @rubris.shared("reprice.stats", snapshot=True)
 async def reprice_stats(session: Session) -> dict[str, int]:
-    return _queue_stats()
+    return _reprice_stats()
+
+
+def _reprice_stats() -> dict[str, int]:
+    """What reprice.stats shows: the queue's counters, with several workers summed over all of
+    them by the market's holder, which alone publishes them (cluster.py)."""
+    own = _queue_stats()
+    return own if cluster is None else cluster.queue_stats(own)
 
 
 def _queue_stats() -> dict[str, int]:
@@ -164,12 +191,19 @@ REPRICE_BACKLOG = 40
 """The simulator stops adding jobs while this many wait: nobody working means no pile-up."""
 
 _job_numbers = itertools.count(1)
-"""Job numbers, shared by the simulator's jobs and reprice_all's."""
+"""Job numbers, shared by the simulator's jobs and reprice_all's (one process alone)."""
 
 
-def _reprice_job(symbol: str) -> dict[str, object]:
+async def _take_job_numbers(n: int) -> list[int]:
+    """``n`` job numbers: this process's, or with several workers Redis's (no two alike)."""
+    if cluster is not None:
+        return list(await cluster.numbers(n))
+    return list(itertools.islice(_job_numbers, n))
+
+
+def _reprice_job(symbol: str, number: int) -> dict[str, object]:
     """A "reprice" job as the tabs and ``example_app.worker`` work it."""
-    return {"job": next(_job_numbers), "symbol": symbol, "last": market.quotes[symbol].last}
+    return {"job": number, "symbol": symbol, "last": market.quotes[symbol].last}
 
 
 _session_batches: dict[str, str] = {}
@@ -216,6 +250,7 @@ async def _reprice_all(session: Session) -> dict[str, object]:
     _check_room(len(symbols))  # before a batch is opened for nothing
     batch = await batches.open()
     group = await batches.add(batch, len(symbols))
+    numbers = await _take_job_numbers(len(symbols))
     try:
         _check_room(len(symbols))  # others may have enqueued during the awaits
     except Reject:
@@ -225,7 +260,8 @@ async def _reprice_all(session: Session) -> dict[str, object]:
     ahead = _queue_stats()["waiting"]
     # no await from the room check to the last job: all of them go in, or none
     for i, symbol in enumerate(symbols):
-        rubris.enqueue("reprice", _reprice_job(symbol), id=f"{batch}:{i}", batch_item=group.id(i))
+        job = _reprice_job(symbol, numbers[i])
+        rubris.enqueue("reprice", job, id=f"{batch}:{i}", batch_item=group.id(i))
     await batches.seal(batch)
     _session_batches[session.id] = batch
     return {"batch": batch, "total": len(symbols), "ahead": ahead}
@@ -279,40 +315,61 @@ async def history(session: Session, args: Any) -> AsyncIterator[dict[str, object
 
 
 async def simulate(tick: float = 0.1) -> None:
-    """Move every price each tick, print a few trades, refresh watched books."""
+    """Move every price each tick, print a few trades, refresh watched books.
+
+    With several workers, only in the one that holds the market's lease (cluster.py)."""
     rng = market.rng
     syms = list(SYMBOLS)
     n = 0
     while True:
         await asyncio.sleep(tick)
+        if cluster is not None and not cluster.holds:
+            continue  # the lease may be another worker's by now
         n += 1
+        moved = []
         for sym in syms:
             if rng.random() < 0.6:
                 rubris.publish(f"prices.{sym}", market.step(sym))
+                moved.append(sym)
         for _ in range(rng.randrange(0, 4)):
             rubris.publish("trades", market.trade(rng.choice(syms)))
         if n % 3 == 0:
             for sym in syms:
                 name = f"book.{sym}"
-                if rubris.has_subscribers(name):
+                if rubris.has_subscribers(name) or (cluster is not None and sym in cluster.books):
                     rubris.publish(name, market.book(sym))
         if n % 2 == 0 and _queue_stats()["waiting"] < REPRICE_BACKLOG:
-            job = _reprice_job(rng.choice(syms))
-            rubris.enqueue("reprice", job, id=f"job-{job['job']}")
+            symbol = rng.choice(syms)
+            (number,) = await _take_job_numbers(1)
+            rubris.enqueue("reprice", _reprice_job(symbol, number), id=f"job-{number}")
         if n % 10 == 0:
-            rubris.publish("reprice.stats", _queue_stats())
+            rubris.publish("reprice.stats", _reprice_stats())
+        if cluster is not None:
+            await cluster.record(moved)  # the other workers' markets follow this one
+
+
+def _report() -> dict[str, object]:
+    """This worker's report to the market's holder (cluster.py): its own queue counters, and
+    the books its sessions watch."""
+    books = [s for s in SYMBOLS if rubris.has_subscribers(f"book.{s}")]
+    return {"queue": _queue_stats(), "books": books}
 
 
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     async with rubris:
-        task = asyncio.create_task(simulate())
+        # with several workers, the simulation runs where the market's lease is (cluster.py)
+        task = asyncio.create_task(
+            simulate() if cluster is None else cluster.run(simulate, _report)
+        )
         try:
             yield
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            if cluster is not None:
+                await cluster.close()  # the lease goes at once to a worker that carries on
 
 
 app = FastAPI(title="rubris_asgi demo", lifespan=lifespan)

@@ -72,6 +72,9 @@ class Quote:
     bid: float
     ask: float
     history: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=200))
+    step: int = 0
+    """The price moves so far: one more on every ``prices.{symbol}`` message of one market
+    (with several workers, the one whose lease runs it: example_app/cluster.py)."""
 
     def as_dict(self, ts: int) -> dict[str, object]:
         change = self.last - self.open
@@ -83,6 +86,7 @@ class Quote:
             "change": round(change, 2),
             "change_pct": round(change / self.open * 100, 2),
             "ts": ts,
+            "step": self.step,
         }
 
 
@@ -109,6 +113,7 @@ class Market:
         q.last = max(1.0, q.last * (1 + self.rng.gauss(0, 0.0008)))
         spread = max(0.01, q.last * 0.0004)
         q.bid, q.ask = q.last - spread / 2, q.last + spread / 2
+        q.step += 1
         ts = now_ms()
         q.history.append((ts, round(q.last, 2)))
         return q.as_dict(ts)

@@ -15,16 +15,27 @@ source, in ``local[2]``:
   ACK the jobs.
 
 The demo's API token: start the demo with ``RUBRIS_API_TOKEN=...`` and give the same here
-(``--token`` or the same variable).
+(``--token`` or the same variable); a demo started without it makes a random one and prints the
+pipeline's command with it at start-up. Before Spark starts (it takes a while), one request to
+the demo's API checks the URL and the token: a refused token or no demo at the URL ends the run
+at once with a line saying what to do (status 2). Ctrl-C stops the stream and Spark quietly,
+says where the bars' checkpoint is, and exits with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import shlex
+import signal
 import sys
 import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from .market import SYMBOLS
@@ -34,6 +45,88 @@ TRADES = "id LONG, symbol STRING, price DOUBLE, qty LONG, side STRING, ts LONG"
 
 BOOKS = ("spot", "1m", "3m", "1y")
 """The catalog: one reprice job per symbol and book."""
+
+DEFAULT_URL = "http://127.0.0.1:8000/rubris"
+ANNOUNCE = "pipeline.batches"
+"""Where the catalog's batch is announced (and the page learns of it)."""
+
+EXIT_REFUSED = 2
+"""No token, a refused token, no demo at the URL: nothing was started."""
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (SIGINT), as a shell reports a command it interrupted: 128 + 2."""
+
+
+def command(token: str, url: str = DEFAULT_URL) -> str:
+    """The pipeline's command line for a demo with API token `token` at `url`."""
+    where = "" if url == DEFAULT_URL else f" --url {shlex.quote(url)}"
+    return f"RUBRIS_API_TOKEN={shlex.quote(token)} python3 -m example_app.pipeline{where}"
+
+
+# ---- the demo, checked before Spark starts ------------------------------------------------------
+
+
+class DemoError(Exception):
+    """The demo cannot be used: not at the URL, or it refused the token. Says what to do."""
+
+
+def _get(url: str, token: str, path: str, timeout: float) -> Any:
+    """``GET {url}/api{path}`` with the bearer token: the httpx answer (raises httpx errors)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(timeout=timeout, verify=url.startswith("https://")) as http:
+        return http.get(f"{url}/api{path}", headers=headers)
+
+
+def check_demo(url: str, token: str, *, timeout: float = 5.0) -> int:
+    """One request to the demo's API with the token (the head of ``pipeline.batches``, which
+    the token guards as it guards every write the pipeline makes): the head's seq, or
+    ``DemoError`` saying what to do instead of a Spark job that fails after half a minute."""
+    import httpx
+
+    start = "RUBRIS_API_TOKEN=demo python3 -m example_app"
+    try:
+        r = _get(url, token, f"/topics/{ANNOUNCE}?after={(1 << 64) - 1}", timeout)
+    except httpx.ConnectError as exc:
+        raise DemoError(
+            f"the demo is not running at {url} ({_reason(exc)}): start it with `{start}` and "
+            "run this again with the same token, or give the URL it serves with --url (its "
+            f"mount, like {DEFAULT_URL})"
+        ) from None
+    except httpx.HTTPError as exc:
+        raise DemoError(
+            f"no answer from the demo at {url} ({type(exc).__name__}: {exc}): is it running, "
+            f"and is --url its mount (like {DEFAULT_URL})?"
+        ) from None
+    if r.status_code in (401, 403):
+        raise DemoError(
+            f"the demo at {url} refused the API token (HTTP {r.status_code}): start the demo "
+            f"with `{start}` and run `{command('demo', url)}`, or pass the token the demo printed "
+            "at start-up (--token TOKEN or RUBRIS_API_TOKEN=TOKEN)"
+        )
+    if r.status_code != 200:
+        raise DemoError(
+            f"{url} is not the demo's rubris mount (GET {ANNOUNCE}: HTTP {r.status_code}): "
+            f"give the demo's with --url, like {DEFAULT_URL}"
+        )
+    head: int = r.json()["head"]
+    return head
+
+
+def _reason(exc: Exception) -> str:
+    """The innermost reason of a connection error: "Connection refused" rather than a chain."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    text = getattr(exc, "strerror", None) or str(exc)
+    return text or type(exc).__name__
+
+
+def announcements(url: str, token: str, after: int, *, timeout: float = 5.0) -> list[Any]:
+    """What ``pipeline.batches`` announced after seq `after`, oldest first."""
+    r = _get(url, token, f"/topics/{ANNOUNCE}?after={after}", timeout)
+    r.raise_for_status()
+    return [m["data"] for m in r.json()["messages"]]
 
 
 def spark_session(master: str = "local[2]", name: str = "rubris-demo-pipeline") -> Any:
@@ -139,10 +232,20 @@ def bars_query(
     )
 
 
-def catalog_job(spark: Any, url: str, token: str) -> None:
+def catalog_job(spark: Any, url: str, token: str, *, run: str | None = None) -> str:
     """Fan the catalog out into "reprice" jobs, tracked as one batch announced on
-    ``pipeline.batches``; returns when the write is done (the jobs are worked after)."""
+    ``pipeline.batches``; returns when the write is done (the jobs are worked after), with the
+    run's id.
+
+    Each job's idempotency key is ``catalog-{run}:{symbol}:{book}``: the same for a retried
+    task (which so enqueues nothing twice), new for each run (`run`, random by default). The
+    server remembers keys for its dedup window (10 minutes): with keys that were the same on
+    every run (the job numbers, as they once were), a second run within it enqueued nothing,
+    and its batch, sealed with no item, showed "0/0 done".
+    """
     from pyspark.sql import functions as F
+
+    run = run or uuid.uuid4().hex[:12]
 
     prices = (
         spark.read.format("rubris")
@@ -161,7 +264,8 @@ def catalog_job(spark: Any, url: str, token: str) -> None:
     jobs = (
         catalog.join(prices, "symbol", "left")
         .withColumn("job", 1_000_000 + F.monotonically_increasing_id())
-        .select("job", "symbol", "book", F.coalesce("last", F.lit(100.0)).alias("last"))
+        .withColumn("key", F.concat_ws(":", F.lit(f"catalog-{run}"), "symbol", "book"))
+        .select("key", "job", "symbol", "book", F.coalesce("last", F.lit(100.0)).alias("last"))
         .repartition(2)
     )
     (
@@ -170,40 +274,182 @@ def catalog_job(spark: Any, url: str, token: str) -> None:
         .option("token", token)
         .option("mode", "enqueue")
         .option("topic", "reprice")
-        .option("idColumn", "job")
+        .option("idColumn", "key")
+        .option("columns", "job,symbol,book,last")  # the job; its key is not in it
         .option("track", "true")
-        .option("announce", "pipeline.batches")
+        .option("announce", ANNOUNCE)
         .mode("append")
         .save()
     )
+    return run
 
 
-def main() -> None:
+class Stopper:
+    """Ctrl-C (SIGINT) asks for a stop instead of raising ``KeyboardInterrupt`` wherever the
+    main thread is: inside a py4j call, that is what printed screens of tracebacks (PySpark's
+    own handler cancels the jobs, then raises there). The main thread never blocks long in a
+    Spark call (``run`` waits for one in another thread, the stream is awaited half a second at
+    a time), so the request is seen at once. A second Ctrl-C while stopping exits at once."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, _signum: int, _frame: FrameType | None) -> None:
+        if self.requested.is_set():
+            os._exit(EXIT_INTERRUPTED)
+        self.requested.set()
+
+    def run(self, spark: Any, fn: Callable[[], object]) -> None:
+        """``fn()``, a Spark job, in a thread of its own; its exception raised here. On a stop
+        request its jobs are cancelled and it is given a while to end."""
+        failure: list[BaseException] = []
+
+        def job() -> None:
+            # a new JVM thread has no active session: the rubris data source would be unknown
+            spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+            try:
+                fn()
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=job, name="spark-job", daemon=True)
+        thread.start()
+        while thread.is_alive() and not self.requested.is_set():
+            thread.join(0.25)
+        for _ in range(4):  # stopping: cancel what it runs (Spark's stop ends the rest)
+            if not thread.is_alive():
+                break
+            with contextlib.suppress(Exception):
+                spark.sparkContext.cancelAllJobs()
+            thread.join(0.5)
+        if failure:
+            raise failure[0]
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """SIGINT blocked in this thread meanwhile: a Ctrl-C is delivered when the block ends, to
+    the handler then in place (the threads started meanwhile, py4j's, keep it blocked)."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _cause(exc: BaseException) -> str:
+    """One line of a Spark failure: the rubris error in it (a refusal, an unreachable server),
+    else its first line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if line.startswith(("rubris_asgi.", "SinkError", "SourceError", "DataLossError")):
+            return line
+    return lines[0] if lines else type(exc).__name__
+
+
+def _quiet_stop(spark: Any, query: Any) -> None:
+    """Stop the stream, then Spark, saying nothing: what breaks as they stop is expected."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    logging.getLogger("rubris_asgi").setLevel(logging.CRITICAL)
+    if query is not None:
+        try:
+            query.stop()
+        except Exception:  # already stopped or failed; Spark stops below all the same
+            pass
+    if spark is not None:
+        try:
+            spark.stop()
+        except Exception:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="the demo's Spark pipeline: bars and a catalog")
-    ap.add_argument("--url", default="http://127.0.0.1:8000/rubris")
-    ap.add_argument("--token", default=os.environ.get("RUBRIS_API_TOKEN"))
+    ap.add_argument("--url", default=DEFAULT_URL, help="the demo's rubris mount")
+    ap.add_argument(
+        "--token",
+        default=os.environ.get("RUBRIS_API_TOKEN"),
+        help="the demo's API token (default: RUBRIS_API_TOKEN)",
+    )
     ap.add_argument("--window", default="5 seconds", help="the bars' window, e.g. '1 second'")
     ap.add_argument("--checkpoint", default=None, help="the bars' checkpoint directory")
     ap.add_argument("--no-catalog", action="store_true", help="only the bars stream")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    url = args.url.rstrip("/")
     if not args.token:
-        ap.error("the demo's API token: --token, or RUBRIS_API_TOKEN as the demo was started with")
+        print(
+            "pipeline: no API token: start the demo with `RUBRIS_API_TOKEN=demo python3 -m "
+            f"example_app` and run `{command('demo', url)}`, or pass the token the demo printed "
+            "at start-up (--token TOKEN or RUBRIS_API_TOKEN=TOKEN)",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
+    try:
+        head = check_demo(url, args.token)
+    except DemoError as exc:
+        print(f"pipeline: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per callback otherwise
-    spark = spark_session()
-    if not args.no_catalog:  # first: on two cores its tasks would hold up the stream's
-        catalog_job(spark, args.url, args.token)
-        print(f"catalog: {len(SYMBOLS) * len(BOOKS)} reprice jobs enqueued as one batch")
-    query = bars_query(spark, args.url, args.token, window=args.window, checkpoint=args.checkpoint)
-    print(f"bars: {args.window} windows of 'trades' -> 'bars.{{symbol}}' (Ctrl-C to stop)")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+    checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="rubris-bars-")
+    stopper = Stopper()
+    stopper.install()
+    spark = query = None
+    phase = "Spark"
     try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        query.stop()
-        spark.stop()
+        with _sigint_held():  # PySpark puts its own handler in place as Spark starts: ours again
+            spark = spark_session()
+            stopper.install()
+        if not args.no_catalog and not stopper.requested.is_set():
+            # first: on two cores its tasks would hold up the stream's
+            phase = "the catalog job"
+            stopper.run(spark, lambda: catalog_job(spark, url, args.token))
+            if not stopper.requested.is_set():
+                print(catalog_report(url, args.token, head))
+        if not stopper.requested.is_set():
+            phase = "the bars stream"
+            query = bars_query(spark, url, args.token, window=args.window, checkpoint=checkpoint)
+            print(f"bars: {args.window} windows of 'trades' -> 'bars.{{symbol}}' (Ctrl-C to stop)")
+            while not stopper.requested.is_set() and not query.awaitTermination(0.5):
+                pass
+    except KeyboardInterrupt:  # a Ctrl-C before the handler was in place
+        stopper.requested.set()
+    except Exception as exc:
+        if not stopper.requested.is_set():  # else: what the stop broke
+            _quiet_stop(spark, query)
+            print(f"pipeline: {phase} failed: {_cause(exc)}", file=sys.stderr)
+            return EXIT_FAILED
+    _quiet_stop(spark, query)
+    if not stopper.requested.is_set():  # the query ended without an error and without Ctrl-C
+        return 0
+    again = f"run again with --checkpoint {shlex.quote(checkpoint)} to go on from there"
+    print(f"stopped; the bars' checkpoint is at {checkpoint}: {again}", flush=True)
+    return EXIT_INTERRUPTED
+
+
+def catalog_report(url: str, token: str, head: int) -> str:
+    """What the catalog's write did, as its batch's announcement on ``pipeline.batches`` says:
+    the jobs the batch tracks are the ones really enqueued (a duplicate id adds none)."""
+    rows = len(SYMBOLS) * len(BOOKS)
+    try:
+        sealed = [a for a in announcements(url, token, head) if "rows" in a]
+    except Exception as exc:  # the report only: the write was done
+        return f"catalog: {rows} rows written (its batch's announcement unread: {exc})"
+    if not sealed:
+        return f"catalog: {rows} rows written; no batch of it announced on {ANNOUNCE}"
+    a = sealed[-1]
+    line = f"catalog: {a['total']} reprice jobs enqueued as batch {a['batch']} ({ANNOUNCE})"
+    if a["total"] != a["rows"]:
+        line += f"; {a['rows'] - a['total']} of its {a['rows']} rows were already enqueued"
+    return line
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

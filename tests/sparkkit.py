@@ -2,6 +2,10 @@
 
 ``local[2,3]``: two cores, and up to three attempts per task (local mode retries nothing by
 default), so a test can fail a task's first attempt and watch the retry.
+
+One session (a session-scoped fixture): a JVM's start and the first job's warm-up (Spark's
+Python workers, its code generation) take 20-40 s on two cores, paid once by whichever test
+uses Spark first; every test after it finds the session warm.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ def spark() -> Iterator[Any]:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.ui.showConsoleProgress", "false")  # a bar a stage in every test's log
+        # the JIT's first tier only: short jobs, each plan run a few times, on two cores that
+        # the tests share with servers and Chromium; the C2 compiler's work never pays back
+        # (tests/test_spark_*.py: 117 s instead of 126-133 s)
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -833,6 +833,15 @@ new ResizeObserver(() => {
   schedulePaint();
 }).observe(candlesBox);
 
+/** The hint's pipeline command for this demo: the page cannot know the API token (the demo
+ * prints the command with it at start-up), so it shows the one for RUBRIS_API_TOKEN=demo, with
+ * --url unless the demo is at the pipeline's default URL. */
+function showPipelineCommand() {
+  const url = `${location.origin}/rubris`;
+  const where = url === "http://127.0.0.1:8000/rubris" ? "" : ` --url ${url}`;
+  $("bars-command").textContent = `RUBRIS_API_TOKEN=demo python3 -m example_app.pipeline${where}`;
+}
+
 function paintEmptyBars() {
   const hint = $("bars-empty");
   if (bars.everSeen && bars.symbol) {
@@ -1130,6 +1139,7 @@ function paintPipelineBatch(b) {
 }
 
 function startPipeline() {
+  showPipelineCommand();
   const sub = client.subscribe("pipeline.batches", (a, meta) => {
     onPipelineBatch(a, meta.seq <= (sub.info?.head ?? 0)); // seq <= head: the ring's replay
   }, { last: ANNOUNCEMENTS_REPLAY });

@@ -23,8 +23,10 @@ use them: with ``-m "not browser"`` the suite runs without Playwright installed.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -70,9 +72,6 @@ when the package is missing and the part is deselected (``-m "not browser"``).""
 
 
 def pytest_ignore_collect(collection_path: object, config: pytest.Config) -> bool | None:
-    import fnmatch
-    from pathlib import Path
-
     name = Path(str(collection_path)).name
     for marker, (package, patterns) in IMPORTED_BY.items():
         if (

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rubris_asgi.protocol import Subscribe
-from tests.netkit import free_port
+from tests.netkit import free_port, stop_process
 from tests.wirekit import ws_hello, ws_open
 from tests.workers_app import TOKEN
 
@@ -106,11 +105,6 @@ async def test_any_worker_answers_for_both(tmp_path: Path) -> None:
         for ws in sockets:
             with contextlib.suppress(Exception):
                 await ws.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 20)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await stop_process(proc)
     # a worker that stops takes its file with it
     assert list(stats.glob("rubris-*.json")) == []

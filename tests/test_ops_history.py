@@ -16,7 +16,6 @@ import asyncio
 import base64
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ from rubris_asgi.protocol import Mode, Subscribe
 from rubris_asgi.telemetry import HISTOGRAMS
 from rubris_asgi.workers import WorkerBoard
 from tests.enginekit import FakeClock, connect
-from tests.netkit import free_port
+from tests.netkit import free_port, stop_process
 from tests.server import run_server
 from tests.wirekit import ws_hello, ws_open
 from tests.workers_app import TOKEN as WORKERS_TOKEN
@@ -386,11 +385,6 @@ async def test_two_uvicorn_workers_serve_one_history_that_adds_up(tmp_path: Path
         for ws in sockets:
             with contextlib.suppress(Exception):
                 await ws.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 20)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await stop_process(proc)
     # a worker that stops takes its history file with it
     assert list(stats.glob("history-*")) == []

@@ -33,6 +33,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -159,7 +160,7 @@ def bars_query(
     window: str = "5 seconds",
     checkpoint: str | None = None,
     trigger: str = "0 seconds",
-) -> Any:
+) -> BarsStream:
     """Start the bars stream: ``trades`` → bars per symbol and window → ``bars.{symbol}``.
 
     Update mode: every micro-batch writes the bars its trades changed, so a candle grows on the
@@ -209,27 +210,90 @@ def bars_query(
         )
     )
     checkpoint = checkpoint or tempfile.mkdtemp(prefix="rubris-bars-")
+    return BarsStream(bars, url, token, checkpoint=checkpoint, trigger=trigger)
 
-    def write(changed: Any, _micro_batch: int) -> None:
+
+class BarsStream:
+    """The bars query, started; ``stop()`` stops it between two writes.
+
+    Spark's ``query.stop()`` cancels the jobs the query runs. A micro-batch's write (through
+    ``foreachBatch``, a Python function) cancelled half-way fails inside Python, and Spark, to
+    tell that failure from a real one, matches its long Python traceback with a regular
+    expression that overflows the stack: the query thread dies printing a
+    ``StackOverflowError`` of hundreds of lines (seen on Ctrl-C). So a stop waits for the write
+    in progress to end, and a write that begins while the stop is asked waits until the query
+    is marked stopped before it writes: the query ends after it, nothing cancelled mid-way.
+    Either way the batch's bars are written whole: none is left out of a resume.
+    """
+
+    STOP_WAIT_S = 30.0  # a write in progress, at most (a demo that stopped answering)
+
+    def __init__(self, bars: Any, url: str, token: str, *, checkpoint: str, trigger: str) -> None:
+        self._url = url
+        self._token = token
+        self._writing = threading.Lock()
+        self._stopping = threading.Event()
+        self.query = (
+            bars.writeStream.outputMode("update")
+            .foreachBatch(self._write)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime=trigger)
+            .queryName("bars")
+            .start()
+        )
+
+    def _write(self, changed: Any, _micro_batch: int) -> None:
         # Spark's streaming writes to a Python data source take append mode only; update mode
         # goes through foreachBatch, each micro-batch's changed bars written as a batch
+        with self._writing:
+            if not self._stopping.is_set():
+                self._save(changed)
+                return
+        # begun while the stop was asked: once the query is marked stopped its jobs are no
+        # longer cancelled, and it ends when this returns
+        deadline = time.monotonic() + self.STOP_WAIT_S
+        while self.query.isActive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._save(changed)
+
+    def _save(self, changed: Any) -> None:
         (
             changed.write.format("rubris")
-            .option("url", url)
-            .option("token", token)
+            .option("url", self._url)
+            .option("token", self._token)
             .option("topic", "bars.{symbol}")
             .mode("append")
             .save()
         )
 
-    return (
-        bars.writeStream.outputMode("update")
-        .foreachBatch(write)
-        .option("checkpointLocation", checkpoint)
-        .trigger(processingTime=trigger)
-        .queryName("bars")
-        .start()
-    )
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._writing.acquire(timeout=self.STOP_WAIT_S):  # the write in progress ends first
+            self._writing.release()
+        self.query.stop()
+
+    # What the callers read of the query (tests, bench/spark.py), as Spark's StreamingQuery has it
+    @property
+    def isActive(self) -> bool:  # noqa: N802 (StreamingQuery's name)
+        return bool(self.query.isActive)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.query.status)
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:  # noqa: N802
+        return self.query.lastProgress  # type: ignore[no-any-return]
+
+    @property
+    def recentProgress(self) -> list[Any]:  # noqa: N802
+        return list(self.query.recentProgress)
+
+    def exception(self) -> Any:
+        return self.query.exception()
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+        return self.query.awaitTermination(timeout)  # type: ignore[no-any-return]
 
 
 def catalog_job(spark: Any, url: str, token: str, *, run: str | None = None) -> str:
@@ -357,6 +421,12 @@ def _quiet_stop(spark: Any, query: Any) -> None:
     """Stop the stream, then Spark, saying nothing: what breaks as they stop is expected."""
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
     logging.getLogger("rubris_asgi").setLevel(logging.CRITICAL)
+    if spark is not None:
+        # PySpark's accumulator server reads until Spark closes its connection; a close that
+        # comes before the server is shut down is an EOFError its thread prints as a traceback
+        server = getattr(spark.sparkContext, "_accumulatorServer", None)
+        if server is not None:
+            server.handle_error = lambda _request, _address: None
     if query is not None:
         try:
             query.stop()

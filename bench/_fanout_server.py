@@ -252,7 +252,7 @@ def build(
             "connected": st.connected,
             "topics": st.topics,
             "cycle": dataclasses.asdict(st.cycle),
-            # the slow-client penalty (flow.py): sessions held back now, worst failed-send count
+            # the slow-client penalty (engine/flow.py): held back now, worst failed-send count
             "held": sum(1 for x in sessions if x.held),
             "failed_sends_max": max((x.failed_sends for x in sessions), default=0),
             "pool": dataclasses.asdict(st.pool),

@@ -37,8 +37,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from _ingest_load import Poster, PostStats, ndjson_request  # noqa: E402
 
-from rubris_asgi.publisher import Publisher  # noqa: E402
-from rubris_asgi.ratelimit import RateLimiter  # noqa: E402
+from rubris_asgi.client.publisher import Publisher  # noqa: E402
+from rubris_asgi.control.ratelimit import RateLimiter  # noqa: E402
 
 PAD = "x" * 40
 

@@ -62,8 +62,8 @@ from _fanout_server import (  # noqa: E402
 )
 
 from rubris_asgi import Config, Rubris, Session, Timing  # noqa: E402
+from rubris_asgi.engine.queues import QueueSub  # noqa: E402
 from rubris_asgi.errors import QueueFull  # noqa: E402
-from rubris_asgi.queues import QueueSub  # noqa: E402
 
 QUEUE = "jobs"
 SAMPLE_S = 0.1

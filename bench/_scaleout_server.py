@@ -50,7 +50,7 @@ from _fanout_server import Publisher, build, raise_nofile, server_args  # noqa: 
 from _servers import serve  # noqa: E402
 
 from rubris_asgi import BrokerUnavailable  # noqa: E402
-from rubris_asgi.brokers import ENV  # noqa: E402
+from rubris_asgi.cluster import ENV  # noqa: E402
 
 
 class NodePublisher(Publisher):

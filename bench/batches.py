@@ -53,9 +53,9 @@ sys.path.insert(0, str(ROOT))
 
 from rubris_asgi import Rubris  # noqa: E402
 from rubris_asgi.batches import BatchStore, SQLiteBatchStore, item_ids  # noqa: E402
-from rubris_asgi.batches.redis_store import RedisBatchStore  # noqa: E402
 from rubris_asgi.batches.service import Batches  # noqa: E402
 from rubris_asgi.client import Client  # noqa: E402
+from rubris_asgi.cluster.redis.batch_store import RedisBatchStore  # noqa: E402
 from tests.rediskit import RedisServer  # noqa: E402
 
 TOKEN = "bench"

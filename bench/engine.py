@@ -19,10 +19,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from rubris_asgi.buffers import FrameBuffer  # noqa: E402
-from rubris_asgi.engine import Engine  # noqa: E402
+from rubris_asgi.engine.buffers import FrameBuffer  # noqa: E402
+from rubris_asgi.engine.engine import Engine  # noqa: E402
+from rubris_asgi.engine.session import Session  # noqa: E402
 from rubris_asgi.protocol import Mode  # noqa: E402
-from rubris_asgi.session import Session  # noqa: E402
 
 
 class NullSink:

@@ -2,8 +2,8 @@
 
 Not a test. What it measures: (a) how many messages a second one server core takes in through
 ``POST /rubris/api/publish`` (NDJSON, bearer token), and (b) whether ``Publisher``'s NAK pacing
-(ratelimit.py, driven by the ``Rubris-Fill`` of every answer) keeps four publishers that offer
-five times what the subscribers can take out of 429s, without loss, at a steady and fair rate,
+(control/ratelimit.py, driven by the ``Rubris-Fill`` of every answer) keeps four publishers that
+offer five times what the subscribers can take out of 429s, without loss, at a steady and fair rate,
 compared with the same publishers unpaced.
 
 How the two cores are shared: like bench/fanout.py, the server (bench/_ingest_server.py:

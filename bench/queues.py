@@ -173,13 +173,13 @@ from fanout import (  # noqa: E402
     wait_quiet,
 )
 
-from rubris_asgi.buffers import FrameBuffer  # noqa: E402
-from rubris_asgi.channels import Registry  # noqa: E402
 from rubris_asgi.client import Client, Consumer  # noqa: E402
-from rubris_asgi.engine import Engine  # noqa: E402
+from rubris_asgi.engine.buffers import FrameBuffer  # noqa: E402
+from rubris_asgi.engine.channels import Registry  # noqa: E402
+from rubris_asgi.engine.engine import Engine  # noqa: E402
+from rubris_asgi.engine.queues import QueueSettings, QueueSub  # noqa: E402
+from rubris_asgi.engine.session import Session  # noqa: E402
 from rubris_asgi.protocol import Ack  # noqa: E402
-from rubris_asgi.queues import QueueSettings, QueueSub  # noqa: E402
-from rubris_asgi.session import Session  # noqa: E402
 
 SERVER = os.path.join(HERE, "_queues_server.py")
 SERVER_CORE = 0

@@ -5,7 +5,7 @@ pinned to core 0; 4 Python consumers in this process on core 1, WebSocket, auto 
 on both sides, ACKing each item at once; the server's producer keeps ``--backlog`` items
 waiting), run in alternation without and with ``RUBRIS_REDIS_URL``: with it, every item goes
 through Redis (enqueued in batches by one script, taken for the consumers' free prefetch by
-another, its ACK settled by a third; brokers/redis_queues.py). ``redis-server`` (no
+another, its ACK settled by a third; cluster/redis/queues.py). ``redis-server`` (no
 persistence) runs on core 1 with the load, as in bench/scaleout.py.
 
 Figures per configuration, medians of every window of every round: items ACKed per second, the

@@ -744,7 +744,7 @@ def loop_mode(argv: list[str]) -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--rows", type=int, required=True)
     args = ap.parse_args(argv)
-    from rubris_asgi.publisher import SyncPublisher
+    from rubris_asgi.client.publisher import SyncPublisher
 
     url = f"http://127.0.0.1:{args.port}/rubris"
     with SyncPublisher(url, token=TOKEN) as pub:

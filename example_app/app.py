@@ -47,7 +47,7 @@ from fastapi.staticfiles import StaticFiles
 from rubris_asgi import Reject, Rubris, Session
 from rubris_asgi.batches import BatchStore, MemoryBatchStore, SQLiteBatchStore, State
 from rubris_asgi.errors import UnknownBatch
-from rubris_asgi.metrics import Metrics
+from rubris_asgi.ops.metrics import Metrics
 
 from . import cluster as clustering
 from .market import SYMBOLS, Market
@@ -69,7 +69,7 @@ this process's queue, so a batch kept past a restart could only wait for jobs th
 
 def _batch_store() -> BatchStore:
     if REDIS_URL:
-        from rubris_asgi.batches.redis_store import RedisBatchStore
+        from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
 
         return RedisBatchStore(REDIS_URL)
     return SQLiteBatchStore(BATCH_FILE) if BATCH_FILE else MemoryBatchStore()

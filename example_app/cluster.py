@@ -48,9 +48,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from rubris_asgi.brokers import ENV as REDIS_ENV
-from rubris_asgi.observer import worker_id
-from rubris_asgi.workers import ENV as STATS_ENV
+from rubris_asgi.cluster import ENV as REDIS_ENV
+from rubris_asgi.ops.observer import worker_id
+from rubris_asgi.ops.workers import ENV as STATS_ENV
 
 from .market import Market
 

@@ -26,38 +26,38 @@ from starlette.responses import Response
 from starlette.routing import Route, Router, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
-from .api import AuthorizeApi, HttpApi
-from .assets import Assets
-from .batch_api import BatchApi
-from .batch_topics import AuthorizeBatch, BatchTopics
 from .batches import BatchStore, ItemRef, parse_item
 from .batches.service import Batches
-from .brokers import WORKERS_ENV, Broker, broker_from
-from .channels import _UNSET, Registry
-from .compression import Compressor, Decompressor
+from .batches.watch import AuthorizeBatch, BatchTopics
+from .cluster import WORKERS_ENV, Broker, broker_from
+from .cluster.sends import RemoteSends
 from .config import Config
-from .dispatch import Dispatcher
-from .engine import Engine
+from .engine.channels import _UNSET, Registry
+from .engine.engine import Engine
+from .engine.queues import QueueSettings, QueueStats, QueueTopic
+from .engine.session import Session, SessionState
+from .engine.topics import SharedTopic
 from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
-from .exit_signal import drain_on_exit_signal
-from .loops import housekeeping, queue_ticks, run_scheduler
-from .observer import Observer
-from .ops import OpsPage
+from .ops.observer import Observer
+from .ops.page import OpsPage
+from .ops.stats import Stats, collect_stats
+from .ops.workers import WorkerBoard
+from .ops.workers import stats_dir as _stats_dir
 from .protocol import Codec, Mode
-from .queues import QueueSettings, QueueStats, QueueTopic
-from .remote import RemoteSends
-from .session import Session, SessionState
-from .stats import Stats, collect_stats
-from .threads import call_in_loop, wait_for_room
-from .topic_api import TopicApi
-from .topics import SharedTopic
-from .transports.gateway import Authenticate, Gateway
-from .transports.longpoll import LongPollSession, LongPollTransport
-from .transports.quiet_log import QuietPolls
-from .transports.relay import Relays
-from .transports.websocket import WebSocketTransport
-from .workers import WorkerBoard
-from .workers import stats_dir as _stats_dir
+from .protocol.deflate import Compressor, Decompressor
+from .server.assets import Assets
+from .server.dispatch import Dispatcher
+from .server.exit_signal import drain_on_exit_signal
+from .server.gateway import Authenticate, Gateway
+from .server.http.batches import BatchApi
+from .server.http.publish import AuthorizeApi, HttpApi
+from .server.http.topics import TopicApi
+from .server.longpoll import LongPollSession, LongPollTransport
+from .server.quiet_log import QuietPolls
+from .server.relay import Relays
+from .server.runtime import housekeeping, queue_ticks, run_scheduler
+from .server.threads import call_in_loop, wait_for_room
+from .server.websocket import WebSocketTransport
 
 log = logging.getLogger("rubris_asgi")
 

@@ -9,14 +9,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from .buffers import PoolConfig
-
 
 def _check_positive(obj: object) -> None:
     for f in fields(obj):  # type: ignore[arg-type]
         value = getattr(obj, f.name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise ValueError(f"{type(obj).__name__}.{f.name} must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Sizes and counts of the writer pool (source document 001, "Memory considerations")."""
+
+    block_size: int = 256 * 1024
+    large_scale: int = 4
+    max_scale: int = 16
+    blocks: int = 4096
+    large_blocks: int = 64
+    unpooled: int = 16
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            # bool is an int subclass; PoolConfig(blocks=True) is a mistake, not "1 block".
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PoolConfig.{f.name} must be a positive int, got {value!r}")
+        if self.max_scale < self.large_scale:
+            raise ValueError(
+                f"PoolConfig.max_scale ({self.max_scale}) must be >= large_scale "
+                f"({self.large_scale}): the maximum frame cannot be smaller than a large buffer"
+            )
+
+    @property
+    def large_size(self) -> int:
+        """Capacity of a large lease."""
+        return self.block_size * self.large_scale
+
+    @property
+    def max_size(self) -> int:
+        """The largest message (and frame) that can be sent."""
+        return self.block_size * self.max_scale
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ class RubrisMiddleware:
         self.metrics_path = metrics
         self._metrics: ASGIApp | None = None
         if metrics is not None:
-            from .metrics import Metrics  # the [metrics] extra, only when asked for
+            from .ops.metrics import Metrics  # the [metrics] extra, only when asked for
 
             self._metrics = Metrics(rubris)
         self._lifespan = False

@@ -27,7 +27,7 @@ from typing import Any
 import uvicorn
 
 from .app import Rubris
-from .brokers import WORKERS_ENV
+from .cluster import WORKERS_ENV
 
 log = logging.getLogger("rubris_asgi")
 

@@ -9,7 +9,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from rubris_asgi import Config, Rubris, Session, Timing
-from rubris_asgi.brokers import ENV, RedisBroker
+from rubris_asgi.cluster import ENV, RedisBroker
 
 TOKEN = "cluster-test"
 NODE_TIMEOUT = 3.0

@@ -6,10 +6,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from rubris_asgi.buffers import FrameBuffer
-from rubris_asgi.engine import Engine
+from rubris_asgi.engine.buffers import FrameBuffer
+from rubris_asgi.engine.engine import Engine
+from rubris_asgi.engine.session import Session
 from rubris_asgi.protocol import Message, Push, decode_frame
-from rubris_asgi.session import Session
 
 
 class FakeClock:

@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from rubris_asgi import Config, Rubris, Session, Timing
-from rubris_asgi.brokers import ENV, RedisBroker
+from rubris_asgi.cluster import ENV, RedisBroker
 
 TOKEN = "fault-test"
 NODE_TIMEOUT = 3.0

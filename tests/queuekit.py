@@ -8,11 +8,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from rubris_asgi.channels import Registry
-from rubris_asgi.engine import Engine
+from rubris_asgi.engine.channels import Registry
+from rubris_asgi.engine.engine import Engine
+from rubris_asgi.engine.queues import QueueSettings, QueueSub, QueueTopic
+from rubris_asgi.engine.session import Session
 from rubris_asgi.protocol import Ack, Item, Message, Revoke, decode_frame
-from rubris_asgi.queues import QueueSettings, QueueSub, QueueTopic
-from rubris_asgi.session import Session
 
 from .enginekit import FakeClock, RecordingSink, connect
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from rubris_asgi import Rubris
-from rubris_asgi.assets import STATIC, Assets
+from rubris_asgi.server.assets import STATIC, Assets
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def make_store(kind: str, where: str) -> BatchStore:
         return MemoryBatchStore()
     if kind == "sqlite":
         return SQLiteBatchStore(where)
-    from rubris_asgi.batches.redis_store import RedisBatchStore
+    from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
 
     return RedisBatchStore(where)
 

@@ -376,7 +376,7 @@ async def test_acks_reach_the_store_before_stop(tmp_path: Path) -> None:
 
 @pytest.mark.redis
 async def test_queue_item_ends_wait_for_redis_to_come_back() -> None:
-    from rubris_asgi.batches.redis_store import RedisBatchStore
+    from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
 
     from .rediskit import RedisServer
 

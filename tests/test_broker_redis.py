@@ -17,9 +17,9 @@ import pytest
 from redis.asyncio import Redis
 
 from rubris_asgi import BrokerUnavailable, ProtocolError, Rubris, SessionClosed
-from rubris_asgi.batches.redis_store import RedisBatchStore
-from rubris_asgi.brokers import RedisBroker
 from rubris_asgi.client import Client, SubscribeRejected
+from rubris_asgi.cluster import RedisBroker
+from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
 from rubris_asgi.protocol import Subscribe, Subscribed, encode_frame
 
 from .apps import make_rubris, starlette_app

@@ -19,7 +19,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 
 from rubris_asgi import Rubris
-from rubris_asgi.brokers import RedisBroker
+from rubris_asgi.cluster import RedisBroker
 
 from .apps import make_rubris
 from .lbkit import Balancer

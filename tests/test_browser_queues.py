@@ -30,7 +30,7 @@ from starlette.responses import HTMLResponse
 from starlette.routing import Mount, Route
 
 from rubris_asgi import Config, Rubris, Session, Timing
-from rubris_asgi.queues.codel import CoDel
+from rubris_asgi.control.codel import CoDel
 
 from .server import run_server
 

@@ -1,10 +1,10 @@
-"""Tests of rubris_asgi.buffers: size classes, bounded leases and their accounting."""
+"""Tests of rubris_asgi.engine.buffers: size classes, bounded leases and their accounting."""
 
 from __future__ import annotations
 
 import pytest
 
-from rubris_asgi.buffers import FrameBuffer, PoolConfig, PoolStats, SizeClass, WriterPool
+from rubris_asgi.engine.buffers import FrameBuffer, PoolConfig, PoolStats, SizeClass, WriterPool
 from rubris_asgi.errors import ErrorCode, MessageTooLarge
 
 KiB = 1024

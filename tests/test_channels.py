@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from rubris_asgi import Mode, RegistrationClosed, Rubris, Session
-from rubris_asgi.channels import Registry, compile_pattern
+from rubris_asgi.engine.channels import Registry, compile_pattern
 
 
 def test_pattern_parameters_match_one_segment() -> None:

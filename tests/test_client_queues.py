@@ -22,7 +22,6 @@ from rubris_asgi.client import (
     SubscribeRejected,
     SubscriptionEnded,
 )
-from rubris_asgi.compression import DeflateCompressor
 from rubris_asgi.errors import ErrorCode, RubrisError
 from rubris_asgi.protocol import (
     Ack,
@@ -38,6 +37,7 @@ from rubris_asgi.protocol import (
     Unsubscribe,
     Unsubscribed,
 )
+from rubris_asgi.protocol.deflate import DeflateCompressor
 
 from .apps import make_rubris, starlette_app
 from .server import run_server

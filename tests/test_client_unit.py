@@ -27,7 +27,6 @@ from rubris_asgi.client import (
     PushInfo,
     SubscribeRejected,
 )
-from rubris_asgi.compression import DeflateCompressor
 from rubris_asgi.errors import ErrorCode, ProtocolError
 from rubris_asgi.protocol import (
     Ack,
@@ -53,6 +52,7 @@ from rubris_asgi.protocol import (
     decode_frame,
     encode_frame,
 )
+from rubris_asgi.protocol.deflate import DeflateCompressor
 
 M = TypeVar("M")
 WAIT = 2.0

@@ -1,4 +1,4 @@
-"""Tests of rubris_asgi.compression: raw DEFLATE, the 50 % rule and bomb-proof inflation."""
+"""Tests of rubris_asgi.protocol.deflate: raw DEFLATE, the 50 % rule and bomb-proof inflation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zlib_ng import zlib_ng
 
-from rubris_asgi.compression import (
+from rubris_asgi.errors import ErrorCode, ProtocolError
+from rubris_asgi.protocol.deflate import (
     Compression,
     CompressionStats,
     Compressor,
@@ -18,7 +19,6 @@ from rubris_asgi.compression import (
     DeflateDecompressor,
     inflate,
 )
-from rubris_asgi.errors import ErrorCode, ProtocolError
 
 MiB = 1024 * 1024
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from rubris_asgi import Config, FlowConfig, Rubris, Timing, WriterConfig
-from rubris_asgi.engine import Engine
-from rubris_asgi.flow import current_interval, nak_strength, on_nak, on_write_done
+from rubris_asgi.engine.engine import Engine
+from rubris_asgi.engine.flow import current_interval, nak_strength, on_nak, on_write_done
+from rubris_asgi.engine.session import Session
 from rubris_asgi.protocol import Hello, Mode, Nak, Push, decode_frame
-from rubris_asgi.session import Session
-from rubris_asgi.transports.websocket import WebSocketConnection
+from rubris_asgi.server.websocket import WebSocketConnection
 
 from .enginekit import FakeClock, connect
 

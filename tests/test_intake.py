@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from rubris_asgi.config import Config, Limits
-from rubris_asgi.engine import Engine
+from rubris_asgi.engine.engine import Engine
+from rubris_asgi.engine.intake import flow_level
 from rubris_asgi.errors import MessageTooLarge
-from rubris_asgi.intake import flow_level
 from rubris_asgi.protocol import Flow, Mode
 
 from .enginekit import FakeClock, connect, pushes

@@ -1,7 +1,8 @@
-"""The package's layout holds: arrows only downward, no cycles, extras only where used.
+"""The package's floors hold: a folder imports only the floors below it, no cycles, extras only
+where used, and the client side loads nothing of the server.
 
-The layers and the module map are docs/architecture.md's tables; this test reads them, so the
-page and the code cannot disagree.
+The floors are docs/architecture.md's table; this test reads it, so the page and the code cannot
+disagree. A module's floor is its first folder under rubris_asgi/ (or its file, at the top).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rubris_asgi"
 DOC = ROOT / "docs" / "architecture.md"
 
-# standard-library modules that make code concurrent or networked; a layer that uses one names it
+# standard-library modules that make code concurrent or networked; a floor that uses one names it
 CONCURRENT_STDLIB = {
     "asyncio",
     "threading",
@@ -30,12 +31,19 @@ CONCURRENT_STDLIB = {
     "subprocess",
 }
 OPTIONAL = {"redis", "prometheus_client", "pyspark", "httpx"}
+SERVER_SIDE = (
+    "starlette",
+    "uvicorn",
+    "rubris_asgi.engine",
+    "rubris_asgi.server",
+    "rubris_asgi.app",
+)
 
 
 @dataclass(frozen=True)
-class Layer:
+class Floor:
     name: str
-    imports: frozenset[str]  # the layers below it that it may import
+    imports: frozenset[str]  # the floors below it that it may import
     outside: frozenset[str]  # top-level outside modules it may import ("stdlib" for the rest)
 
 
@@ -52,12 +60,23 @@ def _rows(heading: str) -> list[list[str]]:
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in table[2:]]
 
 
+def _floor_name(cell: str) -> str:
+    """`engine/` -> engine, `app.py` -> app"""
+    return cell.strip(" `").removesuffix("/").removesuffix(".py")
+
+
 def _names(cell: str) -> frozenset[str]:
+    if cell.startswith("every floor"):
+        return frozenset({"*"})
     return frozenset(n.strip(" `") for n in cell.split(",") if n.strip() and n.strip() != "nothing")
 
 
-LAYERS = {row[0]: Layer(row[0], _names(row[1]), _names(row[2])) for row in _rows("Layers")}
-MAP = {row[0].strip("`"): (row[1], "*coming" in row[2]) for row in _rows("Module map")}
+FLOOR_ROWS = _rows("Floors")
+FLOORS = {
+    _floor_name(row[0]): Floor(_floor_name(row[0]), _names(row[1]), _names(row[2]))
+    for row in FLOOR_ROWS
+}
+ALIASES = {row[0].strip("`") for row in _rows("Old paths")}
 
 
 def module_name(path: Path) -> str:
@@ -71,18 +90,10 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def layer_of(module: str) -> str:
-    """The layer of a module: its own row, else the row of the nearest package that holds it."""
-    path = MODULES[module].relative_to(PACKAGE).as_posix()
-    if path in MAP:
-        return MAP[path][0]
-    parts = path.split("/")[:-1]
-    while parts:
-        key = "/".join(parts) + "/"
-        if key in MAP:
-            return MAP[key][0]
-        parts.pop()
-    raise KeyError(f"{path} is not in docs/architecture.md's module map")
+def floor_of(module: str) -> str:
+    """The floor of a module: its first folder under rubris_asgi/, or its own name at the top."""
+    path = MODULES[module].relative_to(PACKAGE)
+    return path.parts[0] if len(path.parts) > 1 else path.stem
 
 
 def imports_of(module: str) -> tuple[set[str], set[str]]:
@@ -129,34 +140,73 @@ def imports_of(module: str) -> tuple[set[str], set[str]]:
 GRAPH = {m: imports_of(m) for m in MODULES}
 
 
-def test_the_doc_tables_are_complete() -> None:
-    assert set(LAYERS) >= {"foundation", "core", "runtime", "asgi", "client"}
-    for layer in LAYERS.values():
-        assert layer.imports <= set(LAYERS), f"{layer.name} names an unknown layer"
-    for path, (layer, _coming) in MAP.items():
-        assert layer in LAYERS, f"{path}: unknown layer {layer!r}"
+def test_the_floor_table_is_complete_and_points_down() -> None:
+    names = list(FLOORS)
+    for i, floor in enumerate(FLOORS.values()):
+        below = set(names[:i])
+        if floor.imports != {"*"}:  # the table itself: a floor names only rows above its own
+            assert floor.imports <= below, f"{floor.name} may import {floor.imports - below}"
     for module in MODULES:
-        layer_of(module)  # raises for a module missing from the map
-    # a row that says *coming* must not describe a module that exists (update the row)
-    for path, (_layer, coming) in MAP.items():
-        if coming and not path.endswith("/"):
-            assert not (PACKAGE / path).exists(), f"{path} exists: its map row still says coming"
+        if module not in ALIASES:
+            assert floor_of(module) in FLOORS, f"{module}: no row for its floor"
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
+def test_aliases_hold_no_code_and_nothing_imports_them() -> None:
+    for alias in sorted(ALIASES):
+        assert alias in MODULES, f"{alias}: the old path has no module"
+        tree = ast.parse(MODULES[alias].read_text())
+        for node in tree.body:
+            ok = isinstance(node, ast.Import | ast.ImportFrom) or (
+                isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            )
+            ok = ok or (
+                isinstance(node, ast.Assign)
+                and [getattr(t, "id", "") for t in node.targets] == ["__all__"]
+            )
+            # a lazy name passed on (``RedisBroker``): one return of the new module's attribute
+            ok = ok or (
+                isinstance(node, ast.FunctionDef)
+                and node.name == "__getattr__"
+                and len(node.body) == 1
+                and isinstance(node.body[0], ast.Return)
+            )
+            assert ok, f"{alias}: line {node.lineno} is code, not a re-export"
+    for module in MODULES:
+        if module not in ALIASES:
+            used = GRAPH[module][0] & ALIASES
+            assert not used, f"{module} imports the old path {sorted(used)}"
+
+
+@pytest.mark.parametrize("module", sorted(set(MODULES) - ALIASES))
 def test_imports_point_down(module: str) -> None:
-    layer = LAYERS[layer_of(module)]
+    floor = FLOORS[floor_of(module)]
     inside, outside = GRAPH[module]
     for target in sorted(inside):
-        target_layer = layer_of(target)
-        assert target_layer == layer.name or target_layer in layer.imports, (
-            f"{module} ({layer.name}) imports {target} ({target_layer}): "
-            f"{layer.name} may import {sorted(layer.imports) or 'nothing'} and itself"
+        target_floor = floor_of(target)
+        assert (
+            target_floor == floor.name or target_floor in floor.imports or "*" in floor.imports
+        ), (
+            f"{module} ({floor.name}) imports {target} ({target_floor}): "
+            f"{floor.name} may import {sorted(floor.imports) or 'nothing'} and itself"
         )
     stdlib = set(sys.stdlib_module_names) - CONCURRENT_STDLIB
     for name in sorted(outside):
-        allowed = name in layer.outside or ("stdlib" in layer.outside and name in stdlib)
-        assert allowed, f"{module} ({layer.name}) imports {name}, which its layer may not use"
+        allowed = name in floor.outside or ("stdlib" in floor.outside and name in stdlib)
+        assert allowed, f"{module} ({floor.name}) imports {name}, which its floor may not use"
+
+
+@pytest.mark.parametrize(
+    "module", ["rubris_asgi.client", "rubris_asgi.protocol", "rubris_asgi.spark"]
+)
+def test_the_client_side_loads_nothing_of_the_server(module: str) -> None:
+    code = (
+        f"import sys, {module}\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({SERVER_SIDE!r})))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    assert out.strip() == "[]", f"import {module} loads {out.strip()}"
 
 
 def test_no_import_cycles() -> None:
@@ -182,12 +232,15 @@ def test_no_import_cycles() -> None:
 
 def test_the_checks_can_fail(tmp_path: Path) -> None:
     """The checker sees the imports it must refuse (so a green run means something)."""
-    inside, _ = GRAPH["rubris_asgi.transports.websocket"]
-    assert "rubris_asgi.transports.gateway" in inside and "rubris_asgi.app" not in inside
+    inside, _ = GRAPH["rubris_asgi.server.websocket"]
+    assert "rubris_asgi.server.gateway" in inside and "rubris_asgi.app" not in inside
     inside, outside = GRAPH["rubris_asgi.app"]
-    assert "rubris_asgi.transports.websocket" in inside and "starlette" in outside
-    assert layer_of("rubris_asgi.protocol.codec") == "core"
-    assert layer_of("rubris_asgi.client.core") == "client"
+    assert "rubris_asgi.server.websocket" in inside and "starlette" in outside
+    assert floor_of("rubris_asgi.protocol.codec") == "protocol"
+    assert floor_of("rubris_asgi.client.core") == "client"
+    assert floor_of("rubris_asgi.engine.queues.topic") == "engine"
+    assert floor_of("rubris_asgi.app") == "app"
+    assert "rubris_asgi.app" not in FLOORS["ops"].imports
     assert "rubris_asgi.protocol.wire" in GRAPH["rubris_asgi.protocol.codec"][0]
 
 

@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
 from rubris_asgi import Codec, Config, Rubris, Session, Timing, WriterConfig
-from rubris_asgi.metrics import Metrics
+from rubris_asgi.ops.metrics import Metrics
 from rubris_asgi.protocol import (
     Gap,
     Hello,

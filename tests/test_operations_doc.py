@@ -45,7 +45,7 @@ def test_table_defaults_match_the_code(cls: type) -> None:
 
 
 def test_queue_settings_are_documented_with_their_defaults() -> None:
-    from rubris_asgi.queues import QueueSettings
+    from rubris_asgi.engine.queues import QueueSettings
 
     for f in fields(QueueSettings):
         cell = _row(f.name)
@@ -81,7 +81,7 @@ def test_pool_and_flow_numbers_match_the_code() -> None:
 def test_every_metric_is_documented() -> None:
     """Each family the collector makes has a row in the metrics table, with its type."""
     from rubris_asgi import Rubris
-    from rubris_asgi.metrics import families
+    from rubris_asgi.ops.metrics import families
 
     rubris = Rubris(batches=False)
     made = set()

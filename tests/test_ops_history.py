@@ -28,13 +28,13 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from rubris_asgi import Rubris, Session
-from rubris_asgi.buffers import FrameBuffer
-from rubris_asgi.engine import Engine
-from rubris_asgi.history import SPAN, TOP, History
-from rubris_asgi.observer import Observer
+from rubris_asgi.engine.buffers import FrameBuffer
+from rubris_asgi.engine.engine import Engine
+from rubris_asgi.engine.telemetry import HISTOGRAMS
+from rubris_asgi.ops.history import SPAN, TOP, History
+from rubris_asgi.ops.observer import Observer
+from rubris_asgi.ops.workers import WorkerBoard
 from rubris_asgi.protocol import Mode, Subscribe
-from rubris_asgi.telemetry import HISTOGRAMS
-from rubris_asgi.workers import WorkerBoard
 from tests.enginekit import FakeClock, connect
 from tests.netkit import free_port, stop_process
 from tests.server import run_server
@@ -59,7 +59,7 @@ class Wall:
 
 class PollSink:
     """A long-poll session's transport as the engine sees it: a frame goes out only while a
-    poll waits (``poll``), and ``last_seen`` is when that poll came (transports/longpoll.py)."""
+    poll waits (``poll``), and ``last_seen`` is when that poll came (server/longpoll.py)."""
 
     def __init__(self, engine: Engine, s: Session) -> None:
         self.engine = engine

@@ -13,8 +13,8 @@ from starlette.routing import Mount
 
 from rubris_asgi import Config, Limits, Rubris, Session, Timing
 from rubris_asgi.client import Client
-from rubris_asgi.publisher import Publisher, PublishError, SyncPublisher
-from rubris_asgi.ratelimit import RateLimiter
+from rubris_asgi.client.publisher import Publisher, PublishError, SyncPublisher
+from rubris_asgi.control.ratelimit import RateLimiter
 
 from .server import run_server
 

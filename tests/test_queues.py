@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from rubris_asgi.engine.queues import CoDel, PrefetchEstimator
 from rubris_asgi.errors import ErrorCode, ProtocolError, QueueFull
 from rubris_asgi.protocol import Ack, Item, Mode, Subscribed, Unsubscribed, decode_frame
-from rubris_asgi.queues import CoDel, PrefetchEstimator
 
 from .queuekit import Simulation, ack, consumer, items, make_engine, revokes, run
 

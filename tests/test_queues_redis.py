@@ -1,4 +1,4 @@
-"""Work-queue topics shared by several nodes through a real Redis (brokers/redis_queues.py).
+"""Work-queue topics shared by several nodes through a real Redis (cluster/redis/queues.py).
 
 Each test runs two nodes (two ``Rubris`` with a ``RedisBroker`` on one ``redis-server``, each
 on its own uvicorn server in this loop) and real clients; what is asserted is what a user of
@@ -19,8 +19,8 @@ import pytest
 from redis.asyncio import Redis
 
 from rubris_asgi import BrokerUnavailable, Config, QueueFull, Rubris, Session, Timing
-from rubris_asgi.brokers import RedisBroker
 from rubris_asgi.client import Client, QueueItem
+from rubris_asgi.cluster import RedisBroker
 
 from .apps import starlette_app
 from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)
@@ -376,7 +376,7 @@ async def test_no_node_is_taken_for_dead_for_a_silence_that_was_redis_own(url: s
     nobody at all beat meanwhile: then Redis was not answering (stalled, restarting) and every
     node gets a whole lapse from now. Measured before: an item ACKed during a 12 s Redis stall
     was delivered again, its node's custody reclaimed by the first other node to beat."""
-    from rubris_asgi.brokers.redis_queue_scripts import BEAT
+    from rubris_asgi.cluster.redis.queues_lua import BEAT
 
     redis = Redis.from_url(url)
     try:

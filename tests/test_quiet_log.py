@@ -14,7 +14,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from rubris_asgi.client import Client
-from rubris_asgi.transports.quiet_log import QuietPolls
+from rubris_asgi.server.quiet_log import QuietPolls
 
 from .apps import make_rubris
 from .server import run_server

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rubris_asgi import ratelimit
-from rubris_asgi.ratelimit import RateLimiter, RateStats
+from rubris_asgi.control import ratelimit
+from rubris_asgi.control.ratelimit import RateLimiter, RateStats
 
 
 class Clock:

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import pytest
 
 from rubris_asgi import BrokerUnavailable, Config, Rubris, Session, Timing
-from rubris_asgi.batches.redis_store import RedisBatchStore
-from rubris_asgi.brokers import RedisBroker
-from rubris_asgi.brokers.redis_persistence import RedisNotDurable
+from rubris_asgi.cluster import RedisBroker
+from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
+from rubris_asgi.cluster.redis.persistence import RedisNotDurable
 
 from .apps import make_rubris, starlette_app
 from .rediskit import RedisServer, redis_server, redis_url  # noqa: F401 (the fixtures)

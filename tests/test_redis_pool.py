@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from rubris_asgi import Rubris
-from rubris_asgi.batches.redis_store import RedisBatchStore
-from rubris_asgi.brokers import RedisBroker
-from rubris_asgi.brokers.base import Head
+from rubris_asgi.cluster import RedisBroker
+from rubris_asgi.cluster.base import Head
+from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
 
 from .apps import make_rubris, starlette_app
 from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)

@@ -15,7 +15,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
 from rubris_asgi import Rubris, Session
-from rubris_asgi.engine import Engine
+from rubris_asgi.engine.engine import Engine
 from rubris_asgi.protocol import (
     Gap,
     Hello,

@@ -10,12 +10,12 @@ from typing import Any
 import orjson
 import pytest
 
-from rubris_asgi.buffers import PoolConfig
 from rubris_asgi.config import Config, WriterConfig
-from rubris_asgi.engine import Engine
+from rubris_asgi.engine.buffers import PoolConfig
+from rubris_asgi.engine.engine import Engine
 from rubris_asgi.errors import MessageTooLarge, QueueFull
-from rubris_asgi.loops import run_scheduler
 from rubris_asgi.protocol import Ack, Gap, Mode, Push, Subscribed
+from rubris_asgi.server.runtime import run_scheduler
 
 from .enginekit import FakeClock, RecordingSink, connect, pushes
 

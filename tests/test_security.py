@@ -16,7 +16,7 @@ from starlette.requests import HTTPConnection
 from websockets.exceptions import InvalidStatus
 
 from rubris_asgi import Reject, Rubris
-from rubris_asgi.engine import Engine
+from rubris_asgi.engine.engine import Engine
 from rubris_asgi.protocol import (
     Call,
     Hello,

@@ -29,9 +29,9 @@ from rubris_asgi import (
     Session,
     SessionClosed,
 )
-from rubris_asgi import remote as remote_module
-from rubris_asgi.brokers import RedisBroker
 from rubris_asgi.client import Client
+from rubris_asgi.cluster import RedisBroker
+from rubris_asgi.cluster import sends as remote_module
 
 from .apps import make_rubris, starlette_app
 from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)

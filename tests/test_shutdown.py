@@ -272,7 +272,7 @@ async def test_drain_is_bounded_by_shutdown_drain_with_a_stuck_client(via_server
 async def test_plain_uvicorn_ctrl_c_ends_a_waiting_poll_at_once_with_goodbye_9() -> None:
     """Under plain ``uvicorn app:app`` (no ``rubris_asgi.serve``), Ctrl-C used to wait for a
     waiting long-poll's whole ``poll_timeout`` (25 s) before the lifespan ran: rubris now drains
-    when uvicorn's signal comes (exit_signal.py), so the poll is answered with GOODBYE 9 at
+    when uvicorn's signal comes (server/exit_signal.py), so the poll is answered with GOODBYE 9 at
     once, the WebSocket client gets GOODBYE 9 too, and the process exits within a second or
     two."""
     port = free_port()

@@ -27,7 +27,7 @@ import pytest
 
 from rubris_asgi import Codec, Config, Rubris, Session, Timing, WriterConfig
 from rubris_asgi.protocol import Goodbye, Hello, Subscribe, decode_frame, encode_frame
-from rubris_asgi.transports.websocket import WebSocketConnection
+from rubris_asgi.server.websocket import WebSocketConnection
 
 from .apps import starlette_app
 from .server import run_server

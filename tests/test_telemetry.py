@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from rubris_asgi.engine import Engine
+from rubris_asgi.engine.engine import Engine
+from rubris_asgi.engine.telemetry import LATENCY_BOUNDS, PROBES, Histogram
 from rubris_asgi.protocol import Mode
-from rubris_asgi.telemetry import LATENCY_BOUNDS, PROBES, Histogram
 from tests.enginekit import FakeClock, connect
 
 

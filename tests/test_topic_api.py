@@ -1,4 +1,4 @@
-"""``GET {mount}/api/topics/{name}`` (topic_api.py): what a shared topic holds, by seq."""
+"""``GET {mount}/api/topics/{name}`` (server/http/topics.py): what a shared topic holds, by seq."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from rubris_asgi.assets import STATIC, Assets
+from rubris_asgi.server.assets import STATIC, Assets
 
 from .server import run_server
 from .ts_app import make_app

@@ -7,7 +7,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
 from rubris_asgi import Rubris, Session
-from rubris_asgi.metrics import Metrics
+from rubris_asgi.ops.metrics import Metrics
 
 TOKEN = "workers-test"
 

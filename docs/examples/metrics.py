@@ -19,7 +19,7 @@ from starlette.routing import Mount, Route
 
 from rubris_asgi import Rubris, Server, Session
 from rubris_asgi.client import Client
-from rubris_asgi.metrics import Metrics
+from rubris_asgi.ops.metrics import Metrics
 
 TOKEN = os.environ.get("RUBRIS_API_TOKEN", "example-token")  # from your secrets in real life
 

@@ -5,13 +5,14 @@
 - ``tracker``: the rules (open, add, seal, ack/fail, complete, expire), sans-IO;
 - ``store``: the ``BatchStore`` base class and the in-memory store;
 - ``sqlite_store``: ``SQLiteBatchStore``, the embedded default;
-- ``redis_store``: ``RedisBatchStore`` (``rubris-asgi[redis]``, imported on first use);
-- ``service``: ``Batches``, what ``Rubris.batches`` is: ids checked, the sweeper, pushes.
+- ``service``: ``Batches``, what ``Rubris.batches`` is: ids checked, the sweeper, pushes;
+- ``watch``: the ``batch.{id}`` channel, a batch's state changes pushed to its watchers.
+
+The Redis store is ``rubris_asgi.cluster.RedisBatchStore`` (``rubris-asgi[redis]``): it lives
+with the rest of Redis, whose connection pool it shares.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     BadCount,
@@ -27,9 +28,6 @@ from .sqlite_store import SQLiteBatchStore
 from .store import BatchStore, MemoryBatchStore
 from .tracker import BatchStatus, State
 
-if TYPE_CHECKING:
-    from .redis_store import RedisBatchStore
-
 __all__ = [
     "BadCount",
     "BatchError",
@@ -41,7 +39,6 @@ __all__ = [
     "ItemRef",
     "MalformedItem",
     "MemoryBatchStore",
-    "RedisBatchStore",
     "SQLiteBatchStore",
     "State",
     "UnknownBatch",
@@ -49,11 +46,3 @@ __all__ = [
     "new_batch_id",
     "parse_item",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "RedisBatchStore":  # redis is an extra: imported only when asked for
-        from .redis_store import RedisBatchStore
-
-        return RedisBatchStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -85,9 +85,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
+from ..control.codel import CoDel
 from ..errors import RubrisError
 from ..protocol import Ack, ClientMessage, Nack
-from ..queues.codel import CoDel
 from .concurrency import _within
 from .errors import SubscriptionEnded, _copy
 from .stats import ClientStats, ConsumerStats

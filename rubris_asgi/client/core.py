@@ -17,6 +17,8 @@ from typing import Any, Literal
 import httpx
 import orjson
 
+from ..control.codel import CoDel
+from ..control.ratelimit import RateLimiter
 from ..errors import ErrorCode, ProtocolError, RubrisError
 from ..protocol import (
     Ack,
@@ -31,8 +33,6 @@ from ..protocol import (
     Welcome,
     encode,
 )
-from ..queues.codel import CoDel
-from ..ratelimit import RateLimiter
 from .batches import watch_batch as _watch_batch
 from .concurrency import _within
 from .consumer import Consumer, QueueItem, _Settler

@@ -9,7 +9,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from ..compression import inflate
+from ..control.ratelimit import RateLimiter
 from ..errors import ErrorCode, ProtocolError
 from ..protocol import (
     ClientMessage,
@@ -32,7 +32,7 @@ from ..protocol import (
     Unsubscribe,
     Unsubscribed,
 )
-from ..ratelimit import RateLimiter
+from ..protocol.deflate import inflate
 from .concurrency import _invoke
 from .consumer import Consumer, QueueItem, _Settler
 from .errors import (

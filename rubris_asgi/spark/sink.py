@@ -46,8 +46,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import Row, StructType
 
+from ..client.publisher import PublishError, RequestCore
 from ..errors import RubrisError
-from ..publisher import PublishError, RequestCore
 from .arrow_rows import arrow_rows
 from .options import OptionError, SinkOptions
 from .rows import RowEncoder, RowError

@@ -1,0 +1,798 @@
+"""``RedisBroker``: several nodes (workers, hosts) share their shared topics through Redis.
+
+Needs ``redis`` (``rubris-asgi[redis]``) and a standalone Redis server, 5.0 or later; run it
+with persistence (``appendonly yes``) so that a restart keeps every topic's numbering.
+
+**Publishing.** A shared publish is encoded and compressed once, on the node where it is made,
+and joins this node's *outbox*; one task sends the outbox in batches, each batch one script
+(``redis_scripts.PUBLISH``) that numbers every message atomically (the same seq and epoch for
+every node), keeps it in the topic's ring or snapshot in Redis and publishes it on the topic's
+channel. A batch whose answer was lost with the connection is sent again under the same id,
+and Redis answers it from the first run: nothing is numbered twice. ``publish`` never waits:
+it returns 0, the seq being Redis's to give (``Rubris.publish_async`` waits for it).
+
+**Hearing.** A node *follows* a topic while it has subscribers to it: it subscribes to the
+topic's channel, then reads the topic's state (``redis_scripts.HISTORY``: epoch, seq, ring or
+snapshot) into its own ``SharedTopic``; from then on every message of the channel is stored
+there (``engine.apply``) and reaches its subscribers through the scheduler as any publish
+does. A ring must hold every seq from its oldest to its head, so a message that skips some
+(missed while the connection was down) makes the node read what it missed from Redis first,
+keeping what arrives meanwhile; a snapshot just takes the newest value.
+
+**Failure.** When Redis is unreachable, ``publish`` raises ``BrokerUnavailable`` (and the HTTP
+API answers 503, a client's PUBLISH gets REJECTED 6); what was accepted before stays in the
+outbox and is sent when Redis is back. Subscribers stay connected: the node reconnects by
+itself, subscribes to its channels again and reads from each followed topic's history what it
+missed. A topic Redis lost (restarted without persistence) comes back under a new epoch: its
+subscribers get UNSUBSCRIBED 11 and subscribe again, recovered=0.
+
+**Work queues.** Queue topics keep their waiting items in the same Redis, for the consumers
+of every node: redis_queues.py.
+
+Bounds: the outbox holds at most ``outbox_messages`` publishes and ``outbox_bytes`` of payload
+(a publish beyond is refused; messages the intake already took are always kept, the intake
+being bounded itself); a topic catching up keeps at most its ring's worth of new messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import secrets
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ...engine.engine import Engine
+from ...engine.topics import (
+    RELAY_FIRST,
+    RELAY_IF_FOLLOWED,
+    RELAY_TAKEN,
+    RING,
+    SharedTopic,
+    new_epoch,
+)
+from ...errors import BrokerUnavailable
+from ..base import SESSION_MARK, Broker, BrokerStats, Head, MaybeSent
+from . import broker_lua as redis_scripts
+from .nodes import DOWN, NodeLink
+from .persistence import Persistence, read_persistence, require_durable
+from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, PoolBusy, check_pool, connect
+from .queues import RedisQueues
+
+log = logging.getLogger("rubris_asgi.broker")
+
+BATCH = 256
+"""Publishes in one script call at most: one call blocks Redis for well under a millisecond."""
+IDLE_FOLLOW = 30.0
+"""Seconds a followed topic stays followed without subscribers (a page reload comes back)."""
+REFRESH = 60.0
+"""Seconds between refreshes of the followed topics' expiry in Redis."""
+
+RETRY = (0.05, 0.25)
+"""Seconds between attempts while Redis is unreachable: first, most (doubling). Short enough
+that a node takes publishes again within a quarter of a second of Redis answering; an attempt
+on a Redis that is away costs a refused connection."""
+
+_JOINING, _LIVE = 0, 1
+_CONDITION = {RELAY_FIRST: 1, RELAY_IF_FOLLOWED: 2}
+"""The publish script's condition for each kind of relayed publish (redis_scripts.PUBLISH)."""
+
+
+T = TypeVar("T")
+
+
+class _Follow:
+    """A followed topic: its state of hearing, and what arrived while it caught up."""
+
+    __slots__ = ("topic", "state", "held", "ready", "idle_since")
+
+    def __init__(self, topic: SharedTopic) -> None:
+        self.topic = topic
+        self.state = _JOINING
+        self.held: deque[tuple[int, int, bytes, bool]] = deque(maxlen=topic.cap + 1)
+        """Messages heard while catching up: (epoch, seq, payload, compressed)."""
+        self.ready: asyncio.Future[None] | None = None
+        self.idle_since = 0.0
+
+
+class _Entry:
+    """One publish in the outbox."""
+
+    __slots__ = ("topic", "payload", "compressed", "cond", "done")
+
+    def __init__(
+        self,
+        topic: SharedTopic,
+        payload: bytes,
+        compressed: bool,
+        cond: int,
+        done: asyncio.Future[int] | None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.compressed = compressed
+        self.cond = cond
+        """The script's condition: 0 none, 1 a first value, 2 only if Redis knows the topic."""
+        self.done = done
+
+
+class RedisBroker(Broker):
+    """Shared topics numbered and kept in Redis, heard by every node through pub/sub.
+
+    Args:
+        url: ``redis://host:port/db`` (``rediss://`` for TLS, ``unix://`` for a socket).
+        prefix: put before every key and channel (several apps on one Redis).
+        history_ttl: seconds a topic's state lives in Redis after its last use.
+        outbox_messages / outbox_bytes: the bounds of what waits to be sent to Redis.
+        connect_timeout: seconds ``start`` waits for Redis before it fails.
+        node_timeout: seconds a node may miss its heartbeat before the others take it for
+            dead and give the queue items it held back to their queues (redis_queues.py).
+        max_connections: connections to Redis this node opens at most (one is its
+            subscriber); a command waits for a free one. Each costs Redis a client (its
+            ``maxclients`` is 10,000 by default): nodes times this must stay below it.
+        pool_timeout: seconds a command waits for a free connection before it is refused
+            with ``PoolBusy`` (a ``BrokerUnavailable`` that names the local limit; Redis is not
+            taken for away). The node's own work (the outbox, the queues) waits on.
+        allow_volatile: keep work-queue items in a Redis that would lose them on a restart
+            (no ``appendonly yes``, or its settings unreadable), saying so in a WARNING; by
+            default such a Redis is refused (``RedisNotDurable``) where an item would be
+            accepted: at start when queues are declared (``holds``) or were made before it,
+            else at the first item. Shared topics alone never need it.
+    """
+
+    distributed = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "rubris:",
+        history_ttl: float = 86_400.0,
+        outbox_messages: int = 10_000,
+        outbox_bytes: int = 16 * 1024 * 1024,
+        connect_timeout: float = 5.0,
+        node_timeout: float = 10.0,
+        max_connections: int = MAX_CONNECTIONS,
+        pool_timeout: float = POOL_TIMEOUT,
+        allow_volatile: bool = False,
+    ) -> None:
+        super().__init__()
+        check_pool(max_connections, pool_timeout)
+        if history_ttl <= 0 or outbox_messages < 1 or outbox_bytes < 1:
+            raise ValueError("history_ttl, outbox_messages and outbox_bytes must be positive")
+        if node_timeout < 3:
+            raise ValueError("node_timeout must be at least 3 seconds (nodes beat every second)")
+        self.url = url
+        self.prefix = prefix
+        self.ttl_ms = str(int(history_ttl * 1000))
+        self.outbox_messages = outbox_messages
+        self.outbox_bytes = outbox_bytes
+        self.connect_timeout = connect_timeout
+        self.max_connections = max_connections
+        self.pool_timeout = pool_timeout
+        self.allow_volatile = allow_volatile
+        self.persistence: Persistence | None = None
+        """What Redis said of its persistence at start."""
+        self._holds: set[str] = set()
+        self._warned: set[str] = set()
+        self._channel = (prefix + "c:").encode()
+        self.node = secrets.token_hex(6)
+        self.link = NodeLink(prefix, self.node, self._publish_raw)
+        self._batches = itertools.count(1)
+        self._engine: Engine | None = None
+        self._redis: aioredis.Redis | None = None
+        self._pubsub: Any = None
+        self._following: dict[str, _Follow] = {}
+        self._confirm: dict[bytes, asyncio.Future[None]] = {}
+        self._outbox: deque[_Entry] = deque()
+        self._outbox_size = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reader_down = False
+        self._up = True
+        """Whether Redis answered the latest call of any part of this node (the writer, the
+        reader, the queues): publishes and items are refused while it did not."""
+        self._answered = asyncio.Event()
+        """Set (and replaced) when Redis answers after an outage: retries pause no longer."""
+        self._refreshed = 0.0
+        self._emptied = asyncio.Event()
+        self._side: set[asyncio.Task[None]] = set()
+        self._listening: dict[bytes, Callable[[bytes], None]] = {}
+        """Channels heard besides the topics' and the node's: the queues' lengths."""
+        self.queues = RedisQueues(self, node_timeout)
+        """Work-queue topics kept in Redis (redis_queues.py)."""
+
+    # life
+
+    async def start(self, engine: Engine) -> None:
+        self._engine = engine
+        # no retries inside redis-py: a lost connection must reach this code, which then
+        # subscribes again and reads what it missed (redis-py would resubscribe silently)
+        self._redis = connect(
+            self.url,
+            self.max_connections,
+            self.pool_timeout,
+            socket_connect_timeout=self.connect_timeout,
+            socket_timeout=self.connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=5,
+        )
+        try:
+            await asyncio.wait_for(self._redis.ping(), self.connect_timeout)
+            self.persistence = p = await read_persistence(self._redis)
+            log.info("Redis at %s: %s", self.url, p.describe())
+            if engine.queues:  # queue topics made before the start: their items go to Redis
+                self._holds.add("work-queue items")
+            for what in sorted(self._holds):
+                self.require_durable(what)
+        except (*DOWN, asyncio.TimeoutError) as exc:
+            await self._redis.aclose()
+            self._redis = None
+            raise BrokerUnavailable(f"cannot reach Redis at {self.url}: {exc}") from exc
+        except BaseException:
+            await self._redis.aclose()
+            self._redis = None
+            raise
+        self._publish_script = self._redis.register_script(redis_scripts.PUBLISH)
+        self._history_script = self._redis.register_script(redis_scripts.HISTORY)
+        self._pubsub = await self._open_pubsub()
+        await self.queues.start(engine)
+        engine.relay = self.relay
+        engine.session_prefix = self.node + SESSION_MARK
+        self._tasks = [
+            asyncio.create_task(self._write_loop(), name="rubris-broker-writer"),
+            asyncio.create_task(self._read_loop(), name="rubris-broker-reader"),
+        ]
+
+    async def stop(self, flush: float = 5.0) -> None:
+        """Send what waits, for at most ``flush`` seconds, then disconnect."""
+        if self._engine is not None:
+            self._engine.relay = None
+        if self._redis is not None:
+            await self.queues.stop(flush)
+        if self._outbox:
+            self._emptied.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._emptied.wait(), flush)
+        if self._outbox:
+            log.error("Redis broker stopped with %d publishes not sent", len(self._outbox))
+        for task in (*self._tasks, *self._side):
+            task.cancel()
+        for task in (*self._tasks, *self._side):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        lost = BrokerUnavailable("the broker stopped before this publish was numbered")
+        while self._outbox:
+            entry = self._outbox.popleft()
+            if entry.done is not None and not entry.done.done():
+                entry.done.set_exception(lost)
+        self._outbox_size = 0
+        for f in self._following.values():
+            if f.ready is not None and not f.ready.done():
+                f.ready.set_exception(lost)
+        self._following.clear()
+        self.link.close()
+        await self._close_pubsub()
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The client (once started)."""
+        assert self._redis is not None, "the broker is not started"
+        return self._redis
+
+    def listen(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        """Hear ``channel`` (each message's data to ``handler``) from now on, across
+        reconnections."""
+        key = channel.encode()
+        if key in self._listening:
+            return
+        self._listening[key] = handler
+        ps = self._pubsub
+        if ps is not None and not self._reader_down:
+            self.background(self._quietly(ps.subscribe(key)))
+
+    def batch_store(self) -> Any:
+        """Batches in the same Redis, under the same prefix: every node sees every batch.
+        Made for every app with this broker (``Rubris(batches=True)``), used by few: a Redis
+        that would lose them is refused at the first batch opened, not at start."""
+        from .batch_store import RedisBatchStore
+
+        return RedisBatchStore(
+            self.url,
+            prefix=self.prefix,
+            max_connections=self.max_connections,
+            pool_timeout=self.pool_timeout,
+            allow_volatile=self.allow_volatile,
+            check_at_start=False,
+        )
+
+    def holds(self, what: str = "work-queue items") -> None:
+        """Declare, before ``start``, that ``what`` will be kept in this Redis (the app does
+        for its queue channels): ``start`` then refuses a Redis that would lose it on a
+        restart, unless ``allow_volatile``."""
+        self._holds.add(what)
+
+    def require_durable(self, what: str) -> None:
+        """Raise ``RedisNotDurable`` if Redis would lose ``what`` on a restart (and
+        ``allow_volatile`` is off); with it on, say so once as a WARNING."""
+        p = self.persistence
+        if p is None:
+            raise BrokerUnavailable("the broker is not started")
+        require_durable(p, what, self.allow_volatile, self.url, self._warned)
+
+    # reachability, shared by every part of the node
+
+    @property
+    def up(self) -> bool:
+        """Whether Redis answered the latest call of any part of this node."""
+        return self._up
+
+    def lost(self, who: str, exc: BaseException) -> None:
+        """A call of ``who`` found Redis away: publishes and items are refused until any
+        call gets through."""
+        if self._up:
+            self._up = False
+            self.counters.outages += 1
+            log.warning("Redis unreachable (%s): %s; publishes refused until it is back", who, exc)
+
+    def answered(self) -> None:
+        """A call got through: Redis is back for every part of the node, whose retries
+        stop pausing."""
+        if not self._up:
+            self._up = True
+            log.warning("Redis reachable again: publishes taken")
+        answered, self._answered = self._answered, asyncio.Event()
+        answered.set()
+
+    async def pause(self, delay: float) -> None:
+        """Sleep ``delay`` seconds between attempts, or less if Redis answers meanwhile."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._answered.wait(), delay)
+
+    async def until_answered(self, call: Callable[[], Awaitable[T]], who: str) -> T:
+        """Await ``call()`` until Redis answers it (``call`` must be safe to repeat: the
+        scripts answer a repeat from their first run). A failure marks Redis away (``lost``)
+        and the call is tried again after a pause (``RETRY``); ``PoolBusy`` only waited for a
+        connection of this node's, so it is tried again at once, Redis not taken for away."""
+        delay = RETRY[0]
+        while True:
+            try:
+                answer = await call()
+            except PoolBusy:
+                continue  # it waited pool_timeout already
+            except DOWN as exc:
+                self.lost(who, exc)
+                await self.pause(delay)
+                delay = min(2 * delay, RETRY[1])
+                continue
+            if not self._up:
+                self.answered()
+            return answer
+
+    # publishing
+
+    def accepting(self, messages: int, nbytes: int) -> bool:
+        return (
+            self._up
+            and len(self._outbox) + messages <= self.outbox_messages
+            and self._outbox_size + nbytes <= self.outbox_bytes
+        )
+
+    def relay(self, topic: SharedTopic, payload: bytes, compressed: bool, how: int) -> int:
+        """``engine.relay``: into the outbox, or ``BrokerUnavailable``; returns 0."""
+        if how != RELAY_TAKEN and not self.accepting(1, len(payload)):
+            self._refuse(1, len(payload))
+        self._put(_Entry(topic, payload, compressed, _CONDITION.get(how, 0), None))
+        return 0
+
+    async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
+        if not self.accepting(1, len(payload)):
+            self._refuse(1, len(payload))
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._put(_Entry(topic, payload, compressed, 0, done))
+        return await done
+
+    def _refuse(self, messages: int, nbytes: int) -> None:
+        """Raise ``BrokerUnavailable`` with the reason ``accepting`` said no."""
+        self.counters.refused += 1
+        if not self._up:
+            raise BrokerUnavailable("Redis is unreachable: publish refused, try again shortly")
+        if len(self._outbox) + messages > self.outbox_messages:
+            raise BrokerUnavailable(
+                f"{len(self._outbox)} publishes wait to be sent to Redis, the most this node "
+                f"keeps (outbox_messages={self.outbox_messages}): try again shortly"
+            )
+        raise BrokerUnavailable(
+            f"{self._outbox_size} bytes of publishes wait to be sent to Redis, with this one "
+            f"over what this node keeps (outbox_bytes={self.outbox_bytes}): try again shortly"
+        )
+
+    def _put(self, entry: _Entry) -> None:
+        self._outbox.append(entry)
+        self._outbox_size += len(entry.payload)
+        self.counters.relayed += 1
+        self._wake.set()
+
+    async def _write_loop(self) -> None:
+        outbox = self._outbox
+        while True:
+            if not outbox:
+                self._wake.clear()
+                await self._wake.wait()
+            batch = list(itertools.islice(outbox, BATCH))
+            try:
+                seqs = await self._send(batch, f"{self.node}:{next(self._batches)}")
+            except Exception as exc:  # a script error: a bug, never a reason to stop
+                log.exception("Redis refused a batch of %d publishes; they are dropped", len(batch))
+                seqs = [0] * len(batch)
+                for entry in batch:
+                    if entry.done is not None and not entry.done.done():
+                        entry.done.set_exception(BrokerUnavailable(f"Redis refused it: {exc}"))
+            for _ in batch:
+                outbox.popleft()
+            for entry, seq in zip(batch, seqs, strict=True):
+                self._outbox_size -= len(entry.payload)
+                if seq:
+                    self.counters.numbered += 1
+                if entry.done is not None and not entry.done.done():
+                    entry.done.set_result(int(seq))
+            if not outbox:
+                self._emptied.set()
+
+    async def _send(self, batch: Sequence[_Entry], batch_id: str) -> list[int]:
+        """One script call numbering ``batch``, retried under the same id until Redis answers."""
+        args: list[Any] = [self.prefix, self.ttl_ms, str(new_epoch()), batch_id]
+        for e in batch:
+            t = e.topic
+            args += [t.name, int(t.mode), t.cap, e.cond, int(e.compressed), e.payload]
+        seqs: list[int] = await self.until_answered(
+            lambda: self._publish_script(args=args), "writer"
+        )
+        return seqs
+
+    # hearing
+
+    async def follow(self, topic: SharedTopic) -> None:
+        f = self._following.get(topic.name)
+        if f is not None and f.topic is not topic:  # the engine dropped the old one (batches)
+            del self._following[topic.name]
+            f = None
+        if f is None:
+            if self._reader_down:
+                raise BrokerUnavailable("Redis is unreachable: cannot read this topic now")
+            f = self._following[topic.name] = _Follow(topic)
+            f.ready = asyncio.get_running_loop().create_future()
+            try:
+                await self._subscribe([topic.name])
+                await self._catch_up([f])
+            except BaseException as exc:
+                del self._following[topic.name]
+                if not f.ready.done():
+                    f.ready.set_exception(BrokerUnavailable(f"cannot follow {topic.name}: {exc}"))
+                    f.ready.exception()  # retrieved: nobody else may be waiting
+                if isinstance(exc, (*DOWN, asyncio.TimeoutError)):
+                    raise BrokerUnavailable(f"cannot follow {topic.name}: {exc!r}") from exc
+                raise
+            f.ready.set_result(None)
+        elif f.ready is not None and not f.ready.done():
+            await asyncio.shield(f.ready)
+        f.idle_since = 0.0
+
+    async def _subscribe(self, names: Sequence[str]) -> None:
+        """SUBSCRIBE to the channels of ``names`` and wait until Redis confirms each: only
+        then is nothing published on them missed."""
+        loop = asyncio.get_running_loop()
+        waits = []
+        for name in names:
+            channel = self._channel + name.encode()
+            fut = self._confirm.get(channel)
+            if fut is None:
+                fut = self._confirm[channel] = loop.create_future()
+            waits.append(fut)
+        await self._pubsub.subscribe(*(self._channel + n.encode() for n in names))
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), self.connect_timeout)
+        except asyncio.TimeoutError:
+            # Redis's silence, so one of DOWN: a TimeoutError (an OSError) no longer is, and the
+            # reader that met it here ended for good, its topics never heard again
+            raise RedisTimeoutError(
+                f"Redis did not confirm SUBSCRIBE within {self.connect_timeout:g} s"
+            ) from None
+
+    async def _catch_up(self, follows: Sequence[_Follow]) -> None:
+        """Read what each topic missed from Redis's history, then what arrived meanwhile, and
+        make it live. Raises what Redis raises (the caller decides)."""
+        while follows:
+            args: list[Any] = [self.prefix, self.ttl_ms, str(new_epoch())]
+            for f in follows:
+                t = f.topic
+                f.state = _JOINING
+                args += [t.name, int(t.mode), str(t.epoch), t.seq]
+            answers = await self._history_script(args=args)
+            again = []
+            for f, answer in zip(follows, answers, strict=True):
+                if not self._settle(f, answer):
+                    again.append(f)
+            follows = again
+
+    def _settle(self, f: _Follow, answer: list[Any]) -> bool:
+        """Store what the history answered, then what was held; False if a hole remains."""
+        engine = self._engine
+        assert engine is not None
+        t = f.topic
+        epoch = int(answer[0])
+        if epoch != t.epoch:
+            self._restart(t, epoch)
+        for entry in answer[2:]:
+            seq_b, flag, payload = entry.split(b":", 2)
+            seq = int(seq_b)
+            if seq > t.seq:
+                engine.apply(t, seq, payload, flag == b"1")
+                self.counters.fetched += 1
+        held = f.held
+        while held:
+            epoch, seq, payload, compressed = held.popleft()
+            if epoch != t.epoch or seq <= t.seq:
+                # read from the history already, or of an epoch the history has left behind
+                # (one newer than the history's is very unlikely; its next message repairs it)
+                continue
+            if seq != t.seq + 1 and t.mode == RING:
+                held.appendleft((epoch, seq, payload, compressed))
+                return False
+            self._store(t, seq, payload, compressed)
+        f.state = _LIVE
+        return True
+
+    def _restart(self, t: SharedTopic, epoch: int) -> None:
+        engine = self._engine
+        assert engine is not None
+        if t.seq or t.subs:
+            self.counters.restarted += 1
+            log.warning("topic %s numbered afresh by Redis (epoch %d)", t.name, epoch)
+        engine.restart_topic(t, epoch)
+
+    def _heard(self, channel: bytes, data: bytes) -> None:
+        """One message on a followed topic's channel."""
+        f = self._following.get(channel[len(self._channel) :].decode())
+        if f is None:
+            return  # unfollowed meanwhile
+        epoch_b, seq_b, flag, payload = data.split(b":", 3)
+        epoch, seq, compressed = int(epoch_b), int(seq_b), flag == b"1"
+        if f.state != _LIVE:
+            f.held.append((epoch, seq, payload, compressed))
+            return
+        t = f.topic
+        if epoch == t.epoch:
+            if seq <= t.seq:
+                return  # read from the history already
+            if seq == t.seq + 1 or t.mode != RING:
+                self._store(t, seq, payload, compressed)
+                return
+        elif seq == 1:  # numbered afresh, and this is its first message: nothing missed
+            self._restart(t, epoch)
+            self._store(t, seq, payload, compressed)
+            return
+        # a hole: read it from the history, holding what arrives meanwhile
+        f.held.append((epoch, seq, payload, compressed))
+        f.state = _JOINING
+        self.background(self._repair(f))
+
+    def _store(self, t: SharedTopic, seq: int, payload: bytes, compressed: bool) -> None:
+        engine = self._engine
+        assert engine is not None
+        engine.apply(t, seq, payload, compressed)
+        self.counters.received += 1
+
+    def background(self, coro: Any) -> None:
+        """Run ``coro`` in a task kept until it ends (the loop keeps only weak references)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+
+    async def _repair(self, f: _Follow) -> None:
+        try:
+            await self._catch_up_patiently([f])
+        except DOWN as exc:
+            log.warning("cannot read %s's history (%s): the reconnection will", f.topic.name, exc)
+
+    async def _catch_up_patiently(self, follows: Sequence[_Follow]) -> None:
+        """``_catch_up``, again as long as it only waited for a free connection: a follow
+        left joining would hold what it hears until the next reconnection."""
+        while follows:
+            try:
+                await self._catch_up(follows)
+                return
+            except PoolBusy:
+                follows = [f for f in follows if self._following.get(f.topic.name) is f]
+
+    async def _open_pubsub(self) -> Any:
+        assert self._redis is not None
+        ps = self._redis.pubsub()
+        # connects now: start() fails on a bad address
+        await ps.subscribe(self.link.channel, *self._listening)
+        return ps
+
+    # between nodes
+
+    def on(self, op: str, handler: Any) -> None:
+        self.link.on(op, handler)
+
+    async def ask(
+        self, node: str, op: str, head: Head, body: bytes, timeout: float
+    ) -> tuple[Head, bytes]:
+        try:
+            return await self.link.ask(node, op, head, body, timeout)
+        except DOWN as exc:  # not from _publish_raw, which says how far it went: it may have
+            raise MaybeSent(f"Redis failed while asking node {node}: {exc}") from exc
+
+    async def _publish_raw(self, channel: str, message: bytes) -> int:
+        """PUBLISH a message to another node (a request or a reply); how many received it.
+
+        On a connection taken here rather than by ``Redis.publish``, so that a failure says how
+        far the message went (``Rubris.send_to`` must not call a message that was passed on
+        undelivered): ``BrokerUnavailable`` when nothing was written (no connection to be had,
+        the connection or its health check failed, Redis refused the command), ``MaybeSent``
+        once the command may have been written (Redis may have passed it on)."""
+        assert self._redis is not None
+        pool: Any = self._redis.connection_pool  # a redis_pool.Pool: get_connection untyped
+        try:
+            conn = await pool.get_connection()  # PoolBusy (nothing sent) when none comes free
+        except DOWN as exc:
+            raise BrokerUnavailable(f"Redis is unreachable: {exc}") from exc
+        try:
+            try:
+                await conn.check_health()
+            except DOWN as exc:
+                raise BrokerUnavailable(f"Redis is unreachable: {exc}") from exc
+            try:  # redis-py disconnects the connection itself when this fails or is cancelled
+                await conn.send_packed_command(
+                    conn.pack_command("PUBLISH", channel, message), check_health=False
+                )
+                receivers = await conn.read_response()
+            except ResponseError as exc:  # refused (an ACL, say): published to nobody
+                raise BrokerUnavailable(f"Redis refused PUBLISH: {exc}") from exc
+            except DOWN as exc:
+                raise MaybeSent(f"Redis failed during PUBLISH: {exc}") from exc
+        finally:
+            await pool.release(conn)
+        return int(receivers)
+
+    async def _close_pubsub(self) -> None:
+        ps, self._pubsub = self._pubsub, None
+        if ps is not None:
+            with contextlib.suppress(*DOWN):
+                await ps.aclose()
+        for fut in self._confirm.values():
+            if not fut.done():  # a follow waiting for its SUBSCRIBE: refused, not cancelled
+                fut.set_exception(BrokerUnavailable("the connection to Redis was lost"))
+                fut.exception()  # retrieved: its follow may be gone already
+        self._confirm.clear()
+
+    async def _read_loop(self) -> None:
+        delay = RETRY[0]
+        while True:
+            try:
+                if self._pubsub is None:
+                    self._pubsub = await self._open_pubsub()
+                    names = list(self._following)
+                    if names:
+                        listen = asyncio.create_task(self._listen(self._pubsub))
+                        try:
+                            await self._subscribe(names)
+                            await self._catch_up(list(self._following.values()))
+                        except BaseException:
+                            listen.cancel()
+                            raise
+                        if self._reader_down:
+                            self._reader_down = False
+                            log.warning("Redis reachable again: %d topics followed", len(names))
+                            self.queues.reconnected()
+                            self.answered()
+                        delay = RETRY[0]
+                        await listen
+                        continue
+                    if self._reader_down:
+                        self.queues.reconnected()
+                        self.answered()
+                    self._reader_down = False
+                delay = RETRY[0]
+                await self._listen(self._pubsub)
+            except Exception as exc:  # DOWN, PoolBusy, or anything unexpected
+                if not isinstance(exc, (*DOWN, PoolBusy)):
+                    # the reader must outlive anything: dead, it leaves every followed topic
+                    # unheard, with nothing to tell the clients
+                    log.exception("the reader failed; reconnecting to Redis")
+                if not isinstance(exc, PoolBusy):  # a wait for a connection: Redis answers
+                    self._reader_down = True
+                    self.lost("reader", exc)
+                for f in self._following.values():
+                    f.state = _JOINING  # what comes after the reconnection waits for history
+                await self._close_pubsub()
+                await self.pause(delay)
+                delay = min(2 * delay, RETRY[1])
+
+    async def _listen(self, ps: Any) -> None:
+        confirm = self._confirm
+        while True:
+            msg = await ps.get_message(timeout=1.0)
+            if msg is None:
+                continue
+            kind = msg["type"]
+            if kind == "message":
+                channel = msg["channel"]
+                if channel == self.link.channel:
+                    self.link.heard(msg["data"])
+                elif channel in self._listening:
+                    self._listening[channel](msg["data"])
+                else:
+                    self._heard(msg["channel"], msg["data"])
+            elif kind == "subscribe":
+                fut = confirm.pop(msg["channel"], None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+
+    # upkeep
+
+    def sweep(self, now: float) -> None:
+        gone = []
+        for name, f in self._following.items():
+            if f.topic.subs or f.state != _LIVE:
+                f.idle_since = 0.0
+            elif not f.idle_since:
+                f.idle_since = now
+            elif now - f.idle_since >= IDLE_FOLLOW:
+                gone.append(name)
+        for name in gone:
+            del self._following[name]
+        if self._pubsub is None or self._reader_down:
+            return
+        if gone:
+            self.background(self._quietly(self._unfollow(gone)))
+        if now - self._refreshed >= REFRESH and self._following:
+            # the position check: every followed topic's state read again, which refreshes
+            # its expiry in Redis and repairs anything missed that nothing else revealed (a
+            # snapshot's last message lost with a connection)
+            self._refreshed = now
+            live = [f for f in self._following.values() if f.state == _LIVE]
+            self.background(self._quietly(self._catch_up_patiently(live)))
+
+    async def _unfollow(self, names: list[str]) -> None:
+        ps = self._pubsub
+        if ps is None:  # reconnecting: the new connection subscribes only to what is followed
+            return
+        await ps.unsubscribe(*(self._channel + n.encode() for n in names))
+        # followed again while the UNSUBSCRIBE was on its way: that follow's SUBSCRIBE may
+        # have gone first, and this one undone it
+        back = [n for n in names if n in self._following]
+        if back:
+            await self._subscribe(back)
+            await self._catch_up_patiently(
+                [self._following[n] for n in back if n in self._following]
+            )
+
+    async def _quietly(self, aw: Any) -> None:
+        with contextlib.suppress(*DOWN, BrokerUnavailable):
+            await aw
+
+    def stats(self) -> BrokerStats:
+        c = self.counters
+        c.up = self._up and not self._reader_down
+        c.pending = len(self._outbox)
+        c.following = len(self._following)
+        c.items_pending = self.queues.pending
+        c.items_taken = self.queues.taken
+        c.items_reclaimed = self.queues.reclaimed
+        return c

@@ -1,0 +1,122 @@
+"""``NodeLink``: requests from one node to another through Redis pub/sub; and what every user of
+Redis here shares: ``DOWN``, what a lost Redis raises (``RedisBroker.until_answered`` retries
+a call on it).
+
+Every node listens on its own channel, ``P n:NODE``. A request names an operation that the
+receiving node registered (``on``), carries a small JSON head and a body of bytes, and gets
+one reply on the asking node's channel. This is how a long-poll request that reaches a node
+other than its session's is answered by the session's node (transports/longpoll.py). A reply
+lost or late raises ``NoReply`` (a ``TimeoutError``), which says nothing about Redis being
+down, nor that the request was not acted on.
+
+A message is ``head \\n body``: ``head`` is JSON without a newline (orjson writes none),
+``{"op": ..., "rid": n, "from": NODE, ...}`` for a request, ``{"re": n, ...}`` for its reply
+(``"error"`` when the handler failed). A request to a node nobody listens for (it died, or
+never was) raises ``NodeGone`` at once: Redis says how many received it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..base import Abandoned, Head, NodeGone, NoReply
+
+log = logging.getLogger("rubris_asgi.broker")
+
+DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
+"""What a lost or unreachable Redis raises (redis-py's own, and a socket's error it lets
+through). Not ``OSError`` as a whole: since Python 3.11 ``asyncio.TimeoutError`` is the
+builtin ``TimeoutError``, an ``OSError``, and a wait of ours that timed out (a reply from
+another node) is no sign that Redis is away."""
+Handler = Callable[[Head, bytes], Awaitable[tuple[Head, bytes]]]
+Publish = Callable[[str, bytes], Awaitable[int]]
+"""``f(channel, message)``: publish on Redis; how many subscribers received it."""
+
+
+class NodeLink:
+    """One node's end: it asks other nodes, and answers what they ask it."""
+
+    def __init__(self, prefix: str, node: str, publish: Publish) -> None:
+        self.node = node
+        self.prefix = prefix
+        self.channel = (prefix + "n:" + node).encode()
+        self._publish = publish
+        self._handlers: dict[str, Handler] = {}
+        self._asks: dict[int, asyncio.Future[tuple[Head, bytes]]] = {}
+        self._rids = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def on(self, op: str, handler: Handler) -> None:
+        """Answer requests ``op`` with ``handler(head, body) -> (head, body)``."""
+        self._handlers[op] = handler
+
+    async def ask(
+        self, node: str, op: str, head: Head, body: bytes, timeout: float
+    ) -> tuple[Head, bytes]:
+        """Ask ``node`` and wait for its reply. Raises ``NodeGone`` (nobody received it), what
+        the publish raises (``Broker.ask`` says what each means), ``NoReply`` (sent, no reply
+        within ``timeout``), ``Abandoned`` (this node stopped meanwhile), or ``RuntimeError``
+        with the other node's error."""
+        rid = next(self._rids)
+        fut: asyncio.Future[tuple[Head, bytes]] = asyncio.get_running_loop().create_future()
+        self._asks[rid] = fut
+        try:
+            msg = orjson.dumps({**head, "op": op, "rid": rid, "from": self.node}) + b"\n" + body
+            if not await self._publish(self.prefix + "n:" + node, msg):
+                raise NodeGone(f"node {node} is not listening")
+            try:
+                reply, data = await asyncio.wait_for(fut, timeout)
+            except asyncio.TimeoutError:
+                raise NoReply(f"no reply from node {node} to {op} in {timeout:g} s") from None
+        finally:
+            self._asks.pop(rid, None)
+        if "error" in reply:
+            raise RuntimeError(f"node {node} failed {op}: {reply['error']}")
+        return reply, data
+
+    def heard(self, message: bytes) -> None:
+        """A message on this node's channel (the broker's reader hands it over)."""
+        raw, _, body = message.partition(b"\n")
+        try:
+            head = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            log.warning("a node message that is not JSON: %r", raw[:80])
+            return
+        if "re" in head:
+            fut = self._asks.get(head["re"])
+            if fut is not None and not fut.done():
+                fut.set_result((head, body))
+            return
+        task = asyncio.get_running_loop().create_task(self._answer(head, body))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, head: Head, body: bytes) -> None:
+        handler = self._handlers.get(head.get("op", ""))
+        try:
+            if handler is None:
+                raise LookupError(f"no handler for {head.get('op')!r}")
+            reply, data = await handler(head, body)
+        except Exception as exc:  # the asking node gets the reason, this one a log line
+            log.exception("answering %s from node %s", head.get("op"), head.get("from"))
+            reply, data = {"error": str(exc) or type(exc).__name__}, b""
+        msg = orjson.dumps({**reply, "re": head.get("rid")}) + b"\n" + data
+        try:
+            await self._publish(self.prefix + "n:" + str(head.get("from")), msg)
+        except Exception as exc:  # Redis away: the asking node times out
+            log.warning("cannot reply to node %s: %s", head.get("from"), exc)
+
+    def close(self) -> None:
+        """Fail what waits for a reply; stop answering."""
+        for task in self._tasks:
+            task.cancel()
+        for fut in self._asks.values():
+            if not fut.done():
+                fut.set_exception(Abandoned("this node is stopping"))

@@ -1,0 +1,268 @@
+"""Decorator registration of channels and RPC methods, with topic-name patterns.
+
+A channel pattern names a family of topics: ``prices.{symbol}`` matches ``prices.AAPL`` and hands
+``symbol="AAPL"`` to the handler. A parameter matches one or more characters other than ``.``;
+``{name:path}`` matches the rest of the name, dots included. The registry freezes when the app
+starts: registering later raises ``RegistrationClosed`` (as aiohttp's route tables do), so the
+set of topics a client can reach is fixed and cannot be grown from the wire.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ..errors import RegistrationClosed
+from ..protocol import Codec, Mode
+from .queues.settings import QueueSettings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path))?\}")
+
+
+def compile_pattern(pattern: str) -> tuple[re.Pattern[str], tuple[str, ...]]:
+    """A regex for ``pattern`` and the names of its parameters."""
+    if not pattern:
+        raise ValueError("a channel pattern cannot be empty")
+    out: list[str] = []
+    names: list[str] = []
+    pos = 0
+    for m in _PARAM.finditer(pattern):
+        out.append(re.escape(pattern[pos : m.start()]))
+        name = m.group(1)
+        if name in names:
+            raise ValueError(f"parameter {name!r} appears twice in {pattern!r}")
+        names.append(name)
+        out.append(f"(?P<{name}>.+)" if m.group(2) else f"(?P<{name}>[^.]+)")
+        pos = m.end()
+    out.append(re.escape(pattern[pos:]))
+    literal = _PARAM.sub("", pattern)
+    if "{" in literal or "}" in literal:
+        raise ValueError(f"malformed parameter in channel pattern {pattern!r}")
+    return re.compile("".join(out) + r"\Z"), tuple(names)
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+@dataclass
+class Channel:
+    """A registered family of topics and its settings."""
+
+    pattern: str
+    mode: Mode
+    handler: Callable[..., Any] | None
+    regex: re.Pattern[str]
+    params: tuple[str, ...]
+    ring: int | None = None
+    queue: int | None = None
+    batch: int = 1
+    codec: Codec = Codec.JSON
+    compress_at: int | None = None
+    client_publish: bool = False
+    wants_params: bool = False
+    queue_settings: QueueSettings | None = None
+
+    def match(self, name: str) -> dict[str, str] | None:
+        m = self.regex.match(name)
+        return m.groupdict() if m else None
+
+    @property
+    def shared(self) -> bool:
+        return self.mode in (Mode.SNAPSHOT, Mode.RING)
+
+
+@dataclass
+class Method:
+    """A registered RPC method; ``stream`` methods are async generators (STREAM replies)."""
+
+    name: str
+    handler: Callable[..., Any]
+    stream: bool
+
+
+_UNSET: Any = object()
+
+
+@dataclass
+class Registry:
+    """Channels and methods, frozen at start-up."""
+
+    compress_at: int | None = 512
+    channels: list[Channel] = field(default_factory=list)
+    methods: dict[str, Method] = field(default_factory=dict)
+    frozen: bool = False
+    _exact: dict[str, Channel] = field(default_factory=dict)
+
+    def _check_open(self, what: str) -> None:
+        if self.frozen:
+            raise RegistrationClosed(
+                f"cannot register {what} after the app has started; register at import time"
+            )
+
+    def _add(self, ch: Channel) -> None:
+        if any(c.pattern == ch.pattern for c in self.channels):
+            raise ValueError(f"channel {ch.pattern!r} is registered twice")
+        self.channels.append(ch)
+        if not ch.params:
+            self._exact[ch.pattern] = ch
+
+    def shared(
+        self,
+        pattern: str,
+        *,
+        snapshot: bool = False,
+        ring: int | None = None,
+        codec: Codec = Codec.JSON,
+        compress_at: int | None = _UNSET,
+        client_publish: bool = False,
+    ) -> Callable[[F], F]:
+        """Register a shared channel: ``snapshot=True`` (latest value) or ``ring=N`` (last N)."""
+        self._check_open(f"channel {pattern!r}")
+        if snapshot == (ring is not None):
+            raise ValueError(f"channel {pattern!r}: give exactly one of snapshot=True or ring=N")
+        if ring is not None and ring < 1:
+            raise ValueError(f"channel {pattern!r}: ring must be >= 1, got {ring}")
+        regex, params = compile_pattern(pattern)
+
+        def deco(fn: F) -> F:
+            self._check_open(f"channel {pattern!r}")
+            self._add(
+                Channel(
+                    pattern,
+                    Mode.SNAPSHOT if snapshot else Mode.RING,
+                    fn,
+                    regex,
+                    params,
+                    ring=ring,
+                    codec=codec,
+                    compress_at=self.compress_at if compress_at is _UNSET else compress_at,
+                    client_publish=client_publish,
+                    wants_params=_accepts(fn, "params"),
+                )
+            )
+            return fn
+
+        return deco
+
+    def private(
+        self,
+        pattern: str,
+        *,
+        queue: int | None = None,
+        batch: int = 1,
+        codec: Codec = Codec.JSON,
+        compress_at: int | None = _UNSET,
+    ) -> Callable[[F], F]:
+        """Register a private channel: one lossless, back-pressured queue per session."""
+        self._check_open(f"channel {pattern!r}")
+        if batch < 1:
+            raise ValueError(f"channel {pattern!r}: batch must be >= 1, got {batch}")
+        if queue is not None and queue < 1:
+            raise ValueError(f"channel {pattern!r}: queue must be >= 1, got {queue}")
+        regex, params = compile_pattern(pattern)
+
+        def deco(fn: F) -> F:
+            self._check_open(f"channel {pattern!r}")
+            self._add(
+                Channel(
+                    pattern,
+                    Mode.PRIVATE,
+                    fn,
+                    regex,
+                    params,
+                    queue=queue,
+                    batch=batch,
+                    codec=codec,
+                    compress_at=self.compress_at if compress_at is _UNSET else compress_at,
+                    wants_params=_accepts(fn, "params"),
+                )
+            )
+            return fn
+
+        return deco
+
+    def queue(
+        self,
+        pattern: str,
+        settings: QueueSettings,
+        *,
+        codec: Codec = Codec.JSON,
+        compress_at: int | None = _UNSET,
+        client_publish: bool = False,
+    ) -> Callable[[F], F]:
+        """Register a work-queue channel: each item to one consumer (protocol.md 5)."""
+        self._check_open(f"channel {pattern!r}")
+        regex, params = compile_pattern(pattern)
+
+        def deco(fn: F) -> F:
+            self._check_open(f"channel {pattern!r}")
+            self._add(
+                Channel(
+                    pattern,
+                    Mode.QUEUE,
+                    fn,
+                    regex,
+                    params,
+                    codec=codec,
+                    compress_at=self.compress_at if compress_at is _UNSET else compress_at,
+                    client_publish=client_publish,
+                    wants_params=_accepts(fn, "params"),
+                    queue_settings=settings,
+                )
+            )
+            return fn
+
+        return deco
+
+    def rpc(self, name: str | None = None) -> Callable[[F], F]:
+        """Register an RPC method; an async generator function gives a streamed reply."""
+
+        def deco(fn: F) -> F:
+            method = name or fn.__name__
+            self._check_open(f"method {method!r}")
+            if method in self.methods:
+                raise ValueError(f"method {method!r} is registered twice")
+            stream = inspect.isasyncgenfunction(fn)
+            self.methods[method] = Method(method, fn, stream)
+            return fn
+
+        return deco
+
+    def match(self, name: str) -> tuple[Channel, dict[str, str]] | None:
+        """The channel ``name`` belongs to and its parameters (exact names first)."""
+        ch = self._exact.get(name)
+        if ch is not None:
+            return ch, {}
+        for ch in self.channels:
+            if ch.params:
+                got = ch.match(name)
+                if got is not None:
+                    return ch, got
+        return None
+
+    def freeze(self) -> None:
+        """Close registration; a queue's ``dead_letter`` must name a queue topic by then."""
+        for ch in self.channels:
+            dl = ch.queue_settings.dead_letter if ch.queue_settings else None
+            if dl is None:
+                continue
+            found = self.match(dl)
+            if found is None or found[0].mode != Mode.QUEUE:
+                raise ValueError(
+                    f"queue channel {ch.pattern!r}: dead_letter {dl!r} matches no queue channel"
+                )
+            if found[0] is ch:
+                raise ValueError(
+                    f"queue channel {ch.pattern!r}: dead_letter {dl!r} is one of its own topics"
+                )
+        self.frozen = True

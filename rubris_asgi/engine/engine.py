@@ -1,0 +1,765 @@
+"""The sans-IO engine: sessions, topics and the operations on them, around one ``Scheduler``.
+
+Transports call into it (open/attach/detach a session, subscribe, ACK, ...); the application
+publishes into it; the scheduler's cycle drains it into frames. Nothing here awaits or touches a
+socket, so every rule can be tested by calling methods and reading the frames a fake transport
+receives.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import itertools
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from ..config import Config
+from ..errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
+from ..protocol import (
+    Ack,
+    Codec,
+    Flow,
+    Goodbye,
+    Mode,
+    Rejected,
+    Revoke,
+    Subscribed,
+    Unsubscribed,
+    encode,
+)
+from ..protocol.deflate import Compression, Compressor
+from .buffers import FrameBuffer, WriterPool
+from .channels import Channel, Registry
+from .intake import Intake
+from .queues import QueueHome, QueueItem, QueueProducers, QueueSettings, QueueSub, QueueTopic
+from .scheduler import Scheduler
+from .session import FrameSink, Session, SessionState
+from .telemetry import Telemetry
+from .topics import (
+    RELAY_FIRST,
+    RELAY_IF_FOLLOWED,
+    RELAY_PUBLISH,
+    RELAY_TAKEN,
+    RING,
+    SNAPSHOT,
+    PrivateSub,
+    SharedTopic,
+    Sub,
+    encode_payload,
+    new_epoch,
+)
+
+JSON = int(Codec.JSON)
+PARKED = 1 << 62
+"""A ring cursor held while its session resumes: past any head, so nothing is sent."""
+ITEM_HEADER = 48
+"""An ITEM's bytes besides its payload, at most: kind, length, topic, tag, attempt."""
+
+
+class Engine:
+    """Sessions, shared topics and private queues, driven by one scheduler."""
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        compressor: Compressor | None = None,
+    ) -> None:
+        self.config = config or Config()
+        self.clock = clock
+        self.pool = WriterPool(self.config.pool)
+        self.compression = Compression(compressor)
+        self.telemetry = Telemetry()
+        self.scheduler = Scheduler(self.pool, clock, self.config.flow, self.telemetry)
+        self.scheduler.async_window = self.config.writer.async_window
+        self.topics: dict[str, SharedTopic] = {}
+        self.queues: dict[str, QueueTopic] = {}
+        self.sessions: dict[str, Session] = {}
+        limits = self.config.limits
+        self.intake = Intake(
+            limits.intake_messages,
+            limits.intake_bytes,
+            publish=self.publish,
+            wake=self.scheduler.intake_pending,
+            flow=self._send_flow,
+            clock=clock,
+        )
+        self.scheduler.intake = self.intake
+        self._item_max = self.config.pool.max_size - ITEM_HEADER
+        """Queue payloads up to this size need no size check."""
+        self._numbers = itertools.count(1)
+        self.session_prefix = ""
+        """What new session ids start with: a distributed broker's node id and mark."""
+        self.relay: Callable[[SharedTopic, bytes, bool, int], int] | None = None
+        """Set by a distributed broker: ``f(topic, payload, compressed, how)`` takes every
+        shared publish to be numbered there (returns 0: the seq is not known yet; ``how``:
+        ``RELAY_PUBLISH``, ``RELAY_FIRST`` or ``RELAY_TAKEN``); the messages come back
+        through :meth:`apply`."""
+        self.on_session_end: Callable[[Session], None] | None = None
+        self.on_item_end: Callable[[str, bool], None] | None = None
+        """Told ``(batch_item, failed)`` when a queue item carrying a batch item ends (set
+        before the first queue topic is made: batch tracking's hand-over to its store)."""
+        self.queue_home: QueueHome | None = None
+        """Set by a distributed broker: where queue topics keep their waiting items."""
+
+    # sessions
+
+    def open_session(self, user: Any = None, owner: Any = None) -> Session:
+        """A new session; its id and resume secret are 128 random bits each."""
+        if len(self.sessions) >= self.config.limits.max_sessions:
+            raise ProtocolError("too many sessions on this server", ErrorCode.TOO_MANY)
+        sid = self.session_prefix + secrets.token_urlsafe(16)
+        s = Session(sid, f"{sid}.{secrets.token_urlsafe(16)}", user, owner)
+        # detached until its transport attaches it, after WELCOME is written: the session
+        # timeout counts from now, not from 0 (a slow WELCOME write must not expire it)
+        s.detached_at = self.clock()
+        self.sessions[sid] = s
+        self.telemetry.sessions_opened += 1
+        return s
+
+    def find_resumable(
+        self, token: str, owner: Any = None, *, owner_tag: str | None = None
+    ) -> Session | None:
+        """The live session this resume token names, if it belongs to ``owner`` (or, asked
+        for another node, to the owner whose ``repr`` is ``owner_tag``).
+
+        The secret half is compared in constant time; a token of another user finds nothing.
+        """
+        sid, _, _secret = token.partition(".")
+        s = self.sessions.get(sid)
+        if s is None or s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
+            return None
+        if not hmac.compare_digest(s.resume_token.encode(), token.encode()):
+            return None
+        if s.owner != owner if owner_tag is None else repr(s.owner) != owner_tag:
+            return None
+        return s
+
+    def attach(self, s: Session, sink: FrameSink, *, ready: bool = True) -> None:
+        """Bind a connection to ``s``; private messages in flight are sent again."""
+        s.sink = sink
+        s.state = SessionState.CONNECTED
+        s.ready = ready
+        s.attached_at = self.clock()  # what was published before is a replay, not latency
+        for sub in s.subs.values():
+            if isinstance(sub, PrivateSub) and sub.unacked:
+                sub.rewind()
+                s.pending[sub] = None
+            elif isinstance(sub, QueueSub):
+                sub.live = True
+                sub.queue.touch()
+        if s.has_work():
+            self.scheduler.client_pending(s)
+
+    def park_rings(self, s: Session) -> None:
+        """Hold the ring subscriptions of ``s``, which is being resumed, until ``unpark``.
+
+        The cursors say what the server *wrote*, and what it wrote to a dying connection may
+        never have arrived: the resuming client restates what it holds (SUBSCRIBE with
+        epoch/since after its HELLO), and nothing newer may go out before that replay. A parked
+        cursor is past any head, so the cycle passes it by at no cost to the hot loop.
+        """
+        # a client that gave up on a slow resume and resumes again parks what is parked
+        # already: the cursors kept are those from before the first, and the rings wait for
+        # the last of the resuming frames
+        s.resuming += 1
+        held = {sub for sub, _ in s.parked}
+        for sub in s.subs.values():
+            if sub.mode == RING and sub not in held:
+                s.parked.append((sub, sub.cursor))
+                sub.cursor = PARKED
+
+    def unpark(self, s: Session) -> None:
+        """A resuming frame is handled: once the last one is, the rings none of them restated
+        go on where they were."""
+        s.resuming -= 1
+        if s.resuming > 0:
+            return
+        parked, s.parked = s.parked, []
+        for sub, cursor in parked:
+            if sub.cursor == PARKED:
+                sub.cursor = cursor
+                if s.subs.get(sub.number) is sub and sub.has_more():
+                    s.pending[sub] = None
+                    self.scheduler.client_pending(s)
+
+    def detach(self, s: Session) -> None:
+        """The connection is gone; the session waits for a resume until the timeout."""
+        s.sink = None
+        s.ready = False
+        if s.state is SessionState.CONNECTED:
+            s.state = SessionState.DETACHED
+        s.detached_at = self.clock()
+        self._give_back_queues(s, lost=True)  # not held through the resume window
+
+    def set_ready(self, s: Session) -> None:
+        """The transport can take a frame now (a poll arrived, a write completed)."""
+        if s.state is SessionState.CLOSED:
+            return
+        s.ready = True
+        if s.has_work():
+            self.scheduler.client_pending(s)
+
+    def frame_done(self, s: Session, lease: FrameBuffer) -> None:
+        """The transport finished writing a frame: return its lease, serve the session again."""
+        self.pool.release(lease)
+        if s.sink is not None:
+            self.set_ready(s)
+
+    def close_session(self, s: Session, code: int, reason: str) -> None:
+        """Queue GOODBYE as the session's last message; the transport closes after it."""
+        if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
+            return
+        s.direct.clear()
+        s.pending.clear()
+        self._give_back_queues(s, lost=True)
+        s.direct.append(encode(Goodbye(code, reason)))
+        self.telemetry.error("goodbye", code)
+        s.state = SessionState.CLOSING
+        s.close_code = code
+        self.scheduler.client_pending(s)
+
+    def end_session(self, s: Session) -> None:
+        """Forget ``s``: unsubscribe everything, fail waiting private senders."""
+        if s.state is SessionState.CLOSED:
+            return
+        s.state = SessionState.CLOSED
+        s.ready = False
+        s.sink = None
+        for sub in list(s.subs.values()):
+            self._drop_sub(s, sub, lost=True)
+        s.direct.clear()
+        s.pending.clear()
+        self.sessions.pop(s.id, None)
+        if self.on_session_end is not None:
+            self.on_session_end(s)
+
+    def expire(self) -> list[Session]:
+        """End detached sessions past the session timeout; returns them."""
+        deadline = self.clock() - self.config.timing.session_timeout
+        gone = [
+            s
+            for s in self.sessions.values()
+            if s.state is SessionState.DETACHED and s.detached_at <= deadline
+        ]
+        for s in gone:
+            self.end_session(s)
+        return gone
+
+    # direct messages
+
+    def direct(self, s: Session, msg: bytes) -> None:
+        """Queue an encoded direct message (RESULT, STREAM, SUBSCRIBED, ...) for ``s``."""
+        if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
+            return
+        if len(s.direct) >= self.config.limits.max_direct_queue:
+            self.telemetry.closed_backlog += 1
+            self.close_session(s, ErrorCode.SLOW_CONSUMER, "direct queue full")
+            return
+        self.pool.check_size(len(msg))
+        s.direct.append(msg)
+        self.scheduler.client_pending(s)
+
+    def _send_flow(self, fill: int, publishers: list[Any]) -> None:
+        """FLOW(fill) to the sessions that published through the intake lately."""
+        msg = encode(Flow(fill))
+        for s in publishers:
+            if isinstance(s, Session) and s.state is SessionState.CONNECTED:
+                self.direct(s, msg)
+
+    # shared topics
+
+    def topic(
+        self,
+        name: str,
+        mode: int,
+        *,
+        ring: int | None = None,
+        codec: int = Codec.JSON,
+        compress_at: int | None = None,
+    ) -> SharedTopic:
+        """The shared topic ``name``, created on first use."""
+        t = self.topics.get(name)
+        if t is not None:
+            return t
+        if len(self.topics) >= self.config.limits.max_topics:
+            raise ProtocolError("too many topics on this server", ErrorCode.TOO_MANY)
+        t = SharedTopic(
+            name,
+            next(self._numbers),
+            mode,
+            epoch=new_epoch(),
+            codec=codec,
+            ring=ring or self.config.ring_size,
+            compress_at=compress_at,
+            on_dirty=self.scheduler.topic_dirty,
+        )
+        self.topics[name] = t
+        return t
+
+    def topic_of(self, name: str, ch: Channel) -> SharedTopic:
+        """The shared topic ``name`` of channel ``ch``, created with the channel's settings."""
+        t = self.topics.get(name)
+        if t is not None:
+            return t
+        return self.topic(name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at)
+
+    def discard_topic(self, name: str) -> bool:
+        """Forget the shared topic ``name`` if nobody subscribes to it (True when it did)."""
+        t = self.topics.get(name)
+        if t is None or t.subs:
+            return False
+        del self.topics[name]
+        self.telemetry.retired_seqs += t.seq  # its publishes still count (``published()``)
+        return True
+
+    def publish(self, t: SharedTopic, value: Any, stamp: float | None = None) -> int:
+        """Publish to a shared topic: encode and compress once, O(1); returns the seq.
+
+        ``stamp``: when the message arrived (the intake's, for publish-to-frame; a message the
+        intake took is never refused by a broker); now if None. Raises ``MessageTooLarge``
+        (nothing stored, nothing sent) over the pool's maximum, ``BrokerUnavailable`` when a
+        distributed broker cannot take it.
+        """
+        payload = encode_payload(value, t.codec)
+        data, compressed = self.compression.maybe_compress(payload, t.compress_at)
+        # the PUSH header is at most ~25 bytes; checking the payload against the maximum minus
+        # that keeps a message that passes here from being refused when it is written
+        self.pool.check_size(len(data) + 32)
+        relay = self.relay
+        if relay is not None:
+            return relay(t, data, compressed, RELAY_PUBLISH if stamp is None else RELAY_TAKEN)
+        return t.publish(data, compressed, self.clock() if stamp is None else stamp)
+
+    def prepare(self, t: SharedTopic, value: Any) -> tuple[bytes, bool]:
+        """``value`` encoded for ``t`` and compressed where that pays; size checked."""
+        data, compressed = self.compression.maybe_compress(
+            encode_payload(value, t.codec), t.compress_at
+        )
+        self.pool.check_size(len(data) + 32)
+        return data, compressed
+
+    def publish_if_followed(self, t: SharedTopic, value: Any) -> None:
+        """Publish ``value`` where a distributed broker has subscribers for ``t`` on any node
+        (this one's topic may have none); alone, an ordinary publish."""
+        if self.relay is None:
+            self.publish(t, value)
+            return
+        data, compressed = self.prepare(t, value)
+        self.relay(t, data, compressed, RELAY_IF_FOLLOWED)
+
+    def publish_first(self, t: SharedTopic, value: Any) -> None:
+        """Publish a first value: only while ``t`` has no message (a subscribe handler's
+        value; with a broker, decided where the topic is numbered, so one node's wins)."""
+        if self.relay is None:
+            if t.seq == 0:
+                self.publish(t, value)
+            return
+        data, compressed = self.prepare(t, value)
+        self.relay(t, data, compressed, RELAY_FIRST)
+
+    def apply(self, t: SharedTopic, seq: int, data: bytes, compressed: bool) -> None:
+        """Store a message numbered by the broker as ``seq`` (greater than ``t.seq``).
+
+        The broker hands a ring topic its messages without a hole (it fetches what it missed
+        first), so the ring holds every seq from its oldest to its head; a snapshot may skip.
+        """
+        t.seq = seq - 1
+        t.publish(data, compressed, self.clock())
+
+    def restart_topic(self, t: SharedTopic, epoch: int) -> None:
+        """The broker numbers ``t`` afresh as ``epoch`` (its store lost the topic): forget what
+        it held and end its subscriptions with UNSUBSCRIBED 11, so clients subscribe again
+        and learn the new epoch instead of taking seq 1 for a message they already had."""
+        for sub in list(t.subs):
+            s = sub.session
+            if isinstance(s, Session):
+                self.unsubscribe(s, sub.number, ErrorCode.RESTARTED, "topic restarted")
+        t.reset(epoch)
+
+    def check_payload(self, size: int) -> None:
+        """Raise ``MessageTooLarge`` for a payload of ``size`` bytes no frame could carry."""
+        self.pool.check_size(size + 32)  # the PUSH header, as in publish()
+
+    def offer(
+        self, entries: list[tuple[SharedTopic, bytes]], publisher: Session | None = None
+    ) -> bool:
+        """Hand encoded payloads from outside the process to the intake, all of them or none.
+
+        Returns False (nothing taken) when they do not fit: the intake is full. ``publisher``
+        is the session that published, to be told the fill with FLOW.
+        """
+        intake = self.intake
+        if not intake.room(len(entries), sum(len(p) for _, p in entries)):
+            intake.refused(len(entries))
+            return False
+        intake.put_all(entries, publisher)
+        return True
+
+    def subscribe(
+        self, s: Session, t: SharedTopic, req: int, epoch: int, since: int, last: int = 0
+    ) -> Sub:
+        """Subscribe ``s`` to ``t``: SUBSCRIBED now, then the snapshot or the ring replay.
+
+        With ``epoch`` equal to the topic's a ring replays what it still holds after ``since``
+        (0: all of it; the cycle emits a GAP first for what it lost); ``recovered`` says
+        whether that replay is complete. Without them, ``last`` > 0 starts a ring at its last
+        ``last`` messages (a late joiner). A topic ``s`` already holds is repositioned the same
+        way: that is how a resumed client states where it is (protocol §5, "Resume is exact").
+        """
+        sub = s.subs.get(t.number)
+        if sub is None:
+            self._check_room(s)
+            sub = Sub(s, t, t.number, t.mode)
+            s.subs[t.number] = sub
+            s.names[t.name] = sub
+            t.subs[sub] = None
+        recovered = False
+        # epoch E with since 0 is a client that holds that numbering but got nothing of it yet
+        same_epoch = epoch != 0 and epoch == t.epoch and since <= t.seq
+        if t.mode == SNAPSHOT:
+            # conflation is not loss: the latest value is a complete recovery
+            sub.cursor = since if same_epoch else 0
+            recovered = same_epoch
+        elif t.mode == RING:
+            if same_epoch:
+                sub.cursor = since + 1
+                recovered = since + 1 >= t.oldest
+            elif last > 0:
+                sub.cursor = max(t.oldest, t.seq - last + 1)
+            else:
+                sub.cursor = t.seq + 1
+        self.direct(
+            s,
+            encode(Subscribed(req, t.number, t.mode, t.codec, t.epoch, t.seq, recovered, t.name)),
+        )
+        if sub.has_more():
+            s.pending[sub] = None
+            self.scheduler.client_pending(s)
+        return sub
+
+    # private topics
+
+    def subscribe_private(
+        self,
+        s: Session,
+        name: str,
+        req: int,
+        *,
+        capacity: int | None = None,
+        batch: int = 1,
+        codec: int = Codec.JSON,
+        compress_at: int | None = None,
+    ) -> PrivateSub:
+        """Open (or confirm) the session's own lossless topic ``name``."""
+        sub = s.names.get(name)
+        if sub is None:
+            self._check_room(s)
+            sub = PrivateSub(
+                s,
+                name,
+                next(self._numbers),
+                epoch=new_epoch(),
+                capacity=capacity or self.config.private_queue,
+                batch=batch,
+                codec=codec,
+                compress_at=compress_at,
+            )
+            s.subs[sub.number] = sub
+            s.names[name] = sub
+        if not isinstance(sub, PrivateSub):
+            raise ProtocolError(f"{name!r} is not a private topic", ErrorCode.UNKNOWN)
+        self.direct(
+            s,
+            encode(
+                Subscribed(
+                    req, sub.number, Mode.PRIVATE, sub.codec, sub.epoch, sub.seq, False, name
+                )
+            ),
+        )
+        return sub
+
+    def private_for(self, s: Session, name: str) -> PrivateSub:
+        sub = s.names.get(name)
+        if not isinstance(sub, PrivateSub):
+            # said to the client when a call's handler sends on it: the fix is on its side
+            raise ProtocolError(
+                f"this session is not subscribed to the private topic {name!r}: subscribe to "
+                f"{name!r} before calling a method that sends on it",
+                ErrorCode.UNKNOWN,
+            )
+        return sub
+
+    def send_nowait(self, s: Session, q: PrivateSub, value: Any) -> int:
+        """Queue one private message; raises ``QueueFull`` at capacity, never waits."""
+        if s.state is SessionState.CLOSED:
+            raise SessionClosed(f"session {s.id[:8]}… has ended")
+        if q.full():
+            raise QueueFull(f"private topic {q.name!r} is full ({q.capacity} unacknowledged)")
+        payload = encode_payload(value, q.codec)
+        data, compressed = self.compression.maybe_compress(payload, q.compress_at)
+        self.pool.check_size(len(data) + 32)
+        seq = q.put(data, compressed)
+        if s.sink is not None or s.state is SessionState.DETACHED:
+            s.pending[q] = None
+            self.scheduler.client_pending(s)
+        return seq
+
+    def ack(self, s: Session, msg: Ack) -> None:
+        """ACK: cumulative on a private topic, by tags on a queue topic; an ACK for a topic
+        the session does not hold is ignored (it may have just been unsubscribed)."""
+        sub = s.subs.get(msg.topic)
+        if isinstance(sub, PrivateSub):
+            sub.ack(msg.upto)
+        elif isinstance(sub, QueueSub):
+            done = sub.ack(msg.items, self.clock())
+            ended = sub.queue.on_item_end
+            if ended is not None:
+                for item in done:
+                    if item.batch_item is not None:
+                        ended(item.batch_item, False)
+
+    # queue topics
+
+    def queue_of(self, name: str, ch: Channel, registry: Registry) -> QueueTopic:
+        """The queue topic ``name`` of channel ``ch``, created (with its dead-letter queue,
+        found through ``registry``) on first use."""
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        settings = ch.queue_settings or QueueSettings()
+        if len(self.topics) + len(self.queues) >= self.config.limits.max_topics:
+            raise ProtocolError("too many topics on this server", ErrorCode.TOO_MANY)
+        q = QueueTopic(
+            name,
+            next(self._numbers),
+            epoch=new_epoch(),
+            codec=ch.codec,
+            settings=settings,
+            compress_at=ch.compress_at,
+            on_dirty=self.scheduler.queue_dirty,
+        )
+        q.on_item_end = self.on_item_end
+        self.queues[name] = q
+        if self.queue_home is not None:
+            q.home = self.queue_home
+            q.home.adopt(q)
+        dl = settings.dead_letter
+        if dl is not None and dl != name:
+            found = registry.match(dl)
+            if found is None or found[0].mode != Mode.QUEUE:
+                raise ValueError(f"queue {name!r}: dead_letter {dl!r} is not a queue topic")
+            q.dead_letter = self.queue_of(dl, found[0], registry)
+        return q
+
+    def enqueue(
+        self,
+        q: QueueTopic,
+        value: Any,
+        item_id: str | None = None,
+        batch_item: str | None = None,
+    ) -> bool:
+        """Add one item, O(1): False when ``item_id`` is a duplicate (nothing added); raises
+        ``QueueFull`` at the queue's ``max_length`` and ``MessageTooLarge`` over the maximum."""
+        ready = q.ready
+        if len(ready) >= q.settings.max_length:
+            raise QueueFull(f"queue {q.name!r} is full ({q.settings.max_length} waiting)")
+        # the producer's hot path: encode once, deflate only from the threshold, size-check
+        # only what could be too large (each a call saved on the common small item)
+        kind = type(value)
+        if kind is bytes:
+            payload = value
+        elif q.codec == JSON and kind is not bytearray and kind is not memoryview:
+            payload = orjson.dumps(value)  # what encode_payload does for these, one call less
+        else:
+            payload = encode_payload(value, q.codec)
+        at = q.compress_at
+        if at is not None and len(payload) >= at:
+            payload, compressed = self.compression.maybe_compress(payload, at)
+        else:
+            compressed = False
+        if len(payload) > self._item_max:
+            self.check_item(len(payload))
+        now = self.clock()
+        if item_id is not None and q.duplicate(item_id, now):
+            return False
+        item = QueueItem(payload, compressed, item_id, now, batch_item)
+        if q.home is not None:
+            q.home.put(q, item)  # shared by several nodes: the item waits there
+            return True
+        ready.append(item)
+        q.stats.enqueued += 1
+        if not q.dirty and q.consumers:
+            q.dirty = True
+            self.scheduler.queue_dirty(q)
+        return True
+
+    def producers_of(self, q: QueueTopic) -> QueueProducers:
+        """The sessions that PUBLISH items to ``q`` and the FLOW they were told, made at the
+        first client PUBLISH (in-process ``enqueue`` has nobody to tell and never needs it)."""
+        p = q.producers
+        if p is None:
+            home = q.home
+            if home is None:
+                ready = q.ready  # never replaced on a queue without a home
+                waiting: Callable[[], int] = ready.__len__
+            else:
+                waiting = functools.partial(home.waiting, q)
+            p = q.producers = QueueProducers(
+                q.settings.max_length,
+                waiting,
+                flow=functools.partial(self._send_queue_flow, q),
+                clock=self.clock,
+            )
+        return p
+
+    def _send_queue_flow(self, q: QueueTopic, fill: int, publishers: list[Any]) -> None:
+        """FLOW(fill of ``q``) to the sessions that PUBLISHed items to it lately."""
+        q.stats.flows += len(publishers)
+        self._send_flow(fill, publishers)
+
+    def check_item(self, size: int) -> None:
+        """Raise ``MessageTooLarge`` for a queue item of ``size`` bytes no frame could carry."""
+        self.pool.check_size(size + ITEM_HEADER)
+
+    def plan_items(
+        self, entries: list[tuple[QueueTopic, bytes, str | None, str | None]]
+    ) -> list[bool] | None:
+        """Which of ``entries`` ``offer_items`` would enqueue now (False: a duplicate by its
+        id, within the queue's dedup window or earlier in ``entries``), or None when a queue
+        has no room for its new items. Changes nothing."""
+        now = self.clock()
+        fresh: dict[QueueTopic, int] = {}
+        seen: set[tuple[int, str]] = set()
+        plan: list[bool] = []
+        for q, _payload, item_id, _batch_item in entries:
+            if item_id is not None:
+                key = (q.number, item_id)
+                if key in seen or q.ids.check(item_id, now):
+                    plan.append(False)
+                    continue
+                seen.add(key)
+            plan.append(True)
+            fresh[q] = fresh.get(q, 0) + 1
+        if not all(q.room(n) for q, n in fresh.items()):
+            return None
+        return plan
+
+    def offer_items(
+        self, entries: list[tuple[QueueTopic, bytes, str | None, str | None]]
+    ) -> list[int] | None:
+        """Enqueue encoded items from outside the process, all of them or none.
+
+        Items whose id a queue saw within its dedup window (or earlier in ``entries``) are not
+        enqueued again. Returns the indexes of such duplicates in ``entries``, or None (nothing
+        taken) when a queue has no room for its new items. Payload sizes were checked by the
+        caller.
+        """
+        if self.plan_items(entries) is None:
+            return None
+        now = self.clock()
+        duplicates: list[int] = []
+        for i, (q, payload, item_id, batch_item) in enumerate(entries):
+            if q.duplicate(item_id, now):
+                duplicates.append(i)
+                continue
+            data, compressed = self.compression.maybe_compress(payload, q.compress_at)
+            q.put(QueueItem(data, compressed, item_id, now, batch_item))
+        return duplicates
+
+    def subscribe_queue(
+        self, s: Session, q: QueueTopic, req: int, prefetch: int | None = None
+    ) -> QueueSub:
+        """Make ``s`` a consumer of ``q`` (``prefetch`` fixes its own), answer SUBSCRIBED."""
+        sub = s.subs.get(q.number)
+        if sub is None:
+            self._check_room(s)
+            sub = QueueSub(s, q, prefetch)
+            s.subs[q.number] = sub
+            s.names[q.name] = sub
+            q.consumers.append(sub)
+        if not isinstance(sub, QueueSub):
+            raise ProtocolError(f"{q.name!r} is not a queue topic", ErrorCode.UNKNOWN)
+        sub.live = s.sink is not None and s.state is SessionState.CONNECTED
+        self.direct(
+            s, encode(Subscribed(req, q.number, Mode.QUEUE, q.codec, q.epoch, 0, False, q.name))
+        )
+        q.touch()
+        return sub
+
+    def nack(self, s: Session, number: int, tag: int, requeue: bool) -> None:
+        sub = s.subs.get(number)
+        if isinstance(sub, QueueSub):
+            sub.nack(tag, requeue)
+
+    def queue_tick(self) -> None:
+        """Server-side CoDel and round-trip probes of every consumer: REVOKE what it takes
+        back. The runtime calls it every few milliseconds while there are consumers."""
+        now = self.clock()
+        for q in self.queues.values():
+            if q.home is not None and q.producers is not None:
+                q.producers.check()  # its length heard from Redis: other nodes' takes too
+            if not q.active:
+                continue
+            for c in list(q.active):  # only consumers with deliveries out, or just after
+                tag = c.tick(now)
+                if tag:
+                    self.direct(c.session, encode(Revoke.of(c.number, (tag,))))
+                elif c.idle():
+                    del q.active[c]
+
+    def _give_back_queues(self, s: Session, lost: bool) -> None:
+        for sub in s.subs.values():
+            if isinstance(sub, QueueSub):
+                sub.live = False
+                sub.give_back(lost)
+
+    # unsubscribe
+
+    def unsubscribe(self, s: Session, number: int, code: int = 0, reason: str = "") -> bool:
+        """Drop one subscription and tell the client (UNSUBSCRIBED); False if unknown."""
+        sub = s.subs.get(number)
+        if sub is None:
+            return False
+        self._drop_sub(s, sub, lost=False)
+        self.direct(s, encode(Unsubscribed(number, code, reason)))
+        return True
+
+    def reject(self, s: Session, req: int, code: int, reason: str) -> None:
+        self.telemetry.error("rejected", code)
+        self.direct(s, encode(Rejected(req, code, reason)))
+
+    def _drop_sub(self, s: Session, sub: Sub, lost: bool) -> None:
+        s.subs.pop(sub.number, None)
+        if isinstance(sub, QueueSub):
+            sub.live = False
+            sub.queue.consumers.remove(sub)
+            sub.queue.active.pop(sub, None)
+            sub.give_back(lost)
+            name = sub.queue.name
+        else:
+            name = sub.topic.name if sub.topic is not None else getattr(sub, "name", "")
+        if s.names.get(name) is sub:
+            del s.names[name]
+        s.pending.pop(sub, None)
+        if sub.topic is not None:
+            sub.topic.subs.pop(sub, None)
+        if isinstance(sub, PrivateSub):
+            while sub.waiters:
+                sub.waiters.popleft()()
+
+    def _check_room(self, s: Session) -> None:
+        if len(s.subs) >= self.config.limits.max_subscriptions:
+            raise ProtocolError(
+                f"too many subscriptions (limit {self.config.limits.max_subscriptions})",
+                ErrorCode.TOO_MANY,
+            )
+
+
+__all__ = ["Engine"]

@@ -1,0 +1,392 @@
+"""What the server does with each client message, whatever the transport.
+
+Transports decode a frame, settle HELLO themselves (it decides the session), and hand every other
+message here. A ``ProtocolError`` raised from here means the frame was bad: the transport answers
+with GOODBYE and a close (WebSocket) or HTTP 400 (long-poll); application refusals never raise,
+they become REJECTED or an error RESULT for that request alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from ..cluster import Broker, LocalBroker
+from ..config import Config
+from ..engine.channels import Channel, Registry
+from ..engine.engine import Engine
+from ..engine.flow import on_nak
+from ..engine.queues import QueueTopic
+from ..engine.session import Session, SessionState
+from ..errors import (
+    BrokerUnavailable,
+    ErrorCode,
+    MessageTooLarge,
+    ProtocolError,
+    QueueFull,
+    Reject,
+    SessionClosed,
+)
+from ..protocol import (
+    Ack,
+    Call,
+    Codec,
+    Kind,
+    Message,
+    Mode,
+    Nack,
+    Nak,
+    Ping,
+    Pong,
+    Publish,
+    Result,
+    Stream,
+    Subscribe,
+    Unsubscribe,
+    encode,
+    encode_message,
+    encode_uv,
+)
+from ..protocol.deflate import Decompressor, inflate
+
+ENDED = (SessionState.CLOSED, SessionState.CLOSING)
+
+log = logging.getLogger("rubris_asgi")
+
+_CLIENT_KINDS = (Subscribe, Unsubscribe, Call, Ack, Nack, Nak, Ping, Publish)
+# a streamed reply waits for room while its session is connected or waiting to be resumed
+_LIVE = (SessionState.CONNECTED, SessionState.DETACHED)
+
+
+class Dispatcher:
+    """Applies client messages to the engine and runs the application's handlers."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: Registry,
+        config: Config,
+        decompressor: Decompressor | None = None,
+    ) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.config = config
+        self.decompressor = decompressor
+        self.broker: Broker = LocalBroker()
+        """Where shared topics are numbered (set by ``Rubris``): a subscriber's topic is
+        followed there before the subscription reads it."""
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.session_tasks: dict[str, set[asyncio.Task[None]]] = {}
+
+    async def handle(self, s: Session, msgs: Iterable[Message]) -> None:
+        for msg in msgs:
+            if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
+                return
+            if not isinstance(msg, _CLIENT_KINDS):
+                raise ProtocolError(
+                    f"a client may not send {type(msg).__name__.upper()} here", ErrorCode.PROTOCOL
+                )
+            if isinstance(msg, Ping):
+                self.engine.direct(s, encode(Pong(msg.token)))
+            elif isinstance(msg, Ack):
+                self.engine.ack(s, msg)
+            elif isinstance(msg, Subscribe):
+                await self._subscribe(s, msg)
+            elif isinstance(msg, Call):
+                self._call(s, msg)
+            elif isinstance(msg, Unsubscribe):
+                self.engine.unsubscribe(s, msg.topic)
+            elif isinstance(msg, Nak):
+                self.engine.telemetry.naks += 1
+                on_nak(s, msg.fill, self.engine.clock(), self.config.flow)
+            elif isinstance(msg, Publish):
+                await self._publish(s, msg)
+            elif isinstance(msg, Nack):
+                self.engine.nack(s, msg.topic, msg.tag, msg.requeue)
+
+    async def handle_first(self, s: Session, msgs: Iterable[Message]) -> None:
+        """The messages after the HELLO of a connection's first frame, called as the session
+        is attached. A resumed session's rings are parked (``Engine.park_rings``) before
+        anything can be sent: the client's SUBSCRIBEs here reposition them, and whatever it
+        did not restate goes on once the frame is handled, however that ends."""
+        self.engine.park_rings(s)  # before the first await: no cycle comes in between
+        try:
+            await self.handle(s, msgs)
+        finally:
+            self.engine.unpark(s)
+
+    def _payload(self, data: bytes, compressed: bool) -> Any:
+        """The JSON value of a client payload (inflated under the limit); None when empty."""
+        if compressed:
+            data = inflate(data, self.config.limits.max_inflated, self.decompressor)
+        if not data:
+            return None
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise ProtocolError(f"payload is not valid JSON: {exc}", ErrorCode.PROTOCOL) from None
+
+    def _name_ok(self, name: str) -> bool:
+        return len(name.encode()) <= self.config.limits.max_topic_name
+
+    async def _subscribe(self, s: Session, m: Subscribe) -> None:
+        e = self.engine
+        if not self._name_ok(m.name):
+            e.reject(s, m.req, ErrorCode.TOO_LARGE, "topic name too long")
+            return
+        found = self.registry.match(m.name)
+        if found is None:
+            # one answer for every name that is not offered: nothing to enumerate
+            e.reject(s, m.req, ErrorCode.UNKNOWN, "unknown topic")
+            return
+        ch, kwargs = found
+        try:
+            params = self._payload(m.params, m.compressed)
+            last = _last(params) if ch.shared else 0
+        except ProtocolError as exc:
+            e.reject(s, m.req, exc.code, str(exc))
+            return
+        if m.name not in s.names and len(s.subs) >= self.config.limits.max_subscriptions:
+            e.reject(s, m.req, ErrorCode.TOO_MANY, "too many subscriptions")
+            return
+        if ch.wants_params:
+            kwargs = {**kwargs, "params": params}
+        initial: Any = None
+        try:
+            if ch.handler is not None:
+                initial = ch.handler(s, **kwargs)
+                if inspect.isawaitable(initial):
+                    initial = await initial
+        except Reject as r:
+            e.reject(s, m.req, r.code, r.reason)
+            return
+        except Exception:
+            log.exception("subscribe handler for %r failed", m.name)
+            e.reject(s, m.req, ErrorCode.REJECTED, "subscribe failed")
+            return
+        if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
+            return
+        try:
+            if ch.shared:
+                t = e.topic_of(m.name, ch)
+                if self.broker.distributed:
+                    await self.broker.follow(t)  # its epoch, seq, ring or snapshot: Redis's
+                    if s.state in ENDED:  # while Redis answered
+                        return
+                if initial is not None:
+                    e.publish_first(t, initial)
+                e.subscribe(s, t, m.req, m.epoch, m.since, last)
+            elif ch.mode == Mode.QUEUE:
+                prefetch = _prefetch(params, ch)
+                e.subscribe_queue(s, e.queue_of(m.name, ch, self.registry), m.req, prefetch)
+            else:
+                e.subscribe_private(
+                    s,
+                    m.name,
+                    m.req,
+                    capacity=ch.queue,
+                    batch=ch.batch,
+                    codec=ch.codec,
+                    compress_at=ch.compress_at,
+                )
+        except (ProtocolError, MessageTooLarge, BrokerUnavailable) as exc:
+            e.reject(s, m.req, exc.code, str(exc))
+
+    async def _publish(self, s: Session, m: Publish) -> None:
+        """PUBLISH: into the intake (all or nothing), or a queue topic's item into its queue;
+        REJECTED when refused.
+
+        A connection's messages are handled one after the other (``handle`` awaits each, and
+        the transports await ``handle`` before the next frame or POST), and the REJECTED goes
+        out in order with the other direct answers: a client that sees the PONG of a later
+        PING with no REJECTED before it knows the PUBLISH was taken (protocol.md section 4).
+        """
+        e = self.engine
+        found = self.registry.match(m.name) if self._name_ok(m.name) else None
+        if found is None or not found[0].client_publish:
+            e.reject(s, m.req, ErrorCode.UNKNOWN, "unknown topic")
+            return
+        ch = found[0]
+        try:
+            payload = m.payload
+            if m.compressed:
+                payload = inflate(payload, self.config.limits.max_inflated, self.decompressor)
+            payload = _checked_payload(ch.codec, payload)
+            if ch.mode == Mode.QUEUE:  # an item, straight into its queue (O(1), bounded)
+                e.check_item(len(payload))
+                self._enqueue(s, m, e.queue_of(m.name, ch, self.registry), payload)
+                return
+            e.check_payload(len(payload))
+            t = e.topic_of(m.name, ch)
+        except (QueueFull, BrokerUnavailable) as exc:  # a shared queue's Redis away
+            e.reject(s, m.req, ErrorCode.TOO_MANY, str(exc))
+            return
+        except (ProtocolError, MessageTooLarge) as exc:
+            e.reject(s, m.req, exc.code, str(exc))
+            return
+        if not self.broker.accepting(1, len(payload)):
+            e.reject(s, m.req, ErrorCode.TOO_MANY, "broker unavailable")
+        elif not e.offer([(t, payload)], s):
+            e.reject(s, m.req, ErrorCode.TOO_MANY, f"ingest full ({e.intake.fill} %)")
+
+    def _enqueue(self, s: Session, m: Publish, q: QueueTopic, payload: bytes) -> None:
+        """A queue PUBLISH: the item into ``q``, its producer told the fill with FLOW (protocol
+        section 8); REJECTED 6 naming the queue and its fill when it is full. Refusals are
+        counted (``Telemetry.errors``), never logged one by one."""
+        e = self.engine
+        producers = e.producers_of(q)
+        try:
+            e.enqueue(q, payload)
+        except QueueFull as exc:
+            producers.refused(s)
+            e.reject(s, m.req, ErrorCode.TOO_MANY, f"{exc}: fill {producers.fill} %")
+            return
+        producers.published(s)
+
+    def _call(self, s: Session, m: Call) -> None:
+        if not self._name_ok(m.method):
+            self._error(s, m.call, ErrorCode.TOO_LARGE, "method name too long")
+            return
+        method = self.registry.methods.get(m.method)
+        if method is None:
+            self._error(s, m.call, ErrorCode.UNKNOWN, "unknown method")
+            return
+        if m.call in s.calls:
+            raise ProtocolError(f"call id {m.call} is already in flight", ErrorCode.PROTOCOL)
+        if len(s.calls) >= self.config.limits.max_calls_in_flight:
+            self._error(s, m.call, ErrorCode.TOO_MANY, "too many calls in flight")
+            return
+        try:
+            args = self._payload(m.payload, m.compressed)
+        except ProtocolError as exc:
+            self._error(s, m.call, exc.code, str(exc))
+            return
+        s.calls.add(m.call)
+        task = asyncio.get_running_loop().create_task(self._run_call(s, m.call, method, args))
+        self.tasks.add(task)
+        self.session_tasks.setdefault(s.id, set()).add(task)
+        task.add_done_callback(self._forget(s.id))
+
+    def _forget(self, sid: str) -> Any:
+        def done(task: asyncio.Task[None]) -> None:
+            self.tasks.discard(task)
+            mine = self.session_tasks.get(sid)
+            if mine is not None:
+                mine.discard(task)
+                if not mine:
+                    del self.session_tasks[sid]
+
+        return done
+
+    async def _run_call(self, s: Session, call: int, method: Any, args: Any) -> None:
+        e = self.engine
+        try:
+            if method.stream:
+                async for item in method.handler(s, args):
+                    if s.state is SessionState.CLOSED:
+                        return
+                    await self._room(s)
+                    e.direct(s, self._reply(Kind.STREAM, call, 0, item))
+                e.direct(s, encode(Stream(call, True, b"")))
+            else:
+                result = method.handler(s, args)
+                if inspect.isawaitable(result):
+                    result = await result
+                try:
+                    reply = self._reply(Kind.RESULT, call, 0, result)
+                except MessageTooLarge:
+                    self._error(s, call, ErrorCode.TOO_LARGE, "reply too large")
+                    return
+                e.direct(s, reply)
+        except Reject as r:
+            self._error(s, call, r.code, r.reason)
+        except (ProtocolError, MessageTooLarge, QueueFull, SessionClosed) as exc:
+            # rubris's own refusal of what the handler did for this caller (a send on a private
+            # topic it did not subscribe to, a full queue, a message over the limit): the caller
+            # can fix it, so it is told what and why with the error's code, not "internal error"
+            log.debug("method %r refused: %s", method.name, exc)
+            self._error(s, call, exc.code, str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("method %r failed", method.name)
+            self._error(s, call, ErrorCode.REJECTED, "internal error")
+        finally:
+            s.calls.discard(call)
+
+    async def _room(self, s: Session) -> None:
+        # a streamed reply must not flood the direct queue of a client that reads slowly
+        limit = self.config.limits.max_direct_queue // 2
+        # polling, not an Event: an event per session would put a set() on every frame of the hot
+        # path to serve the rare streamed reply that outruns its reader
+        while len(s.direct) > limit and s.state in _LIVE:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+    def _reply(self, kind: Kind, call: int, flag: int, value: Any) -> bytes:
+        payload = orjson.dumps(value)
+        data, compressed = self.engine.compression.maybe_compress(
+            payload, self.registry.compress_at
+        )
+        return encode_message(kind, encode_uv(call) + bytes((flag,)) + data, compressed)
+
+    def _error(self, s: Session, call: int, code: int, message: str) -> None:
+        self.engine.telemetry.error("result", code)
+        payload = orjson.dumps({"code": int(code), "message": message})
+        self.engine.direct(s, encode(Result(call, 1, payload)))
+
+    def cancel_session(self, s: Session) -> None:
+        """Cancel the calls still running for an ended session."""
+        for task in self.session_tasks.pop(s.id, set()):
+            task.cancel()
+
+    async def cancel_all(self) -> None:
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _checked_payload(codec: int, payload: bytes) -> bytes:
+    """A client's PUBLISH payload as its topic stores it; ``ProtocolError`` if it does not fit
+    the topic's codec. An empty JSON payload is ``null``."""
+    if codec == Codec.JSON:
+        if not payload:
+            return b"null"
+        try:
+            orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            raise ProtocolError(f"payload is not valid JSON: {exc}", ErrorCode.PROTOCOL) from None
+    elif codec == Codec.TEXT:
+        try:
+            payload.decode()
+        except UnicodeDecodeError:
+            raise ProtocolError("payload is not valid UTF-8", ErrorCode.PROTOCOL) from None
+    return payload
+
+
+def _last(params: Any) -> int:
+    """A late joiner's ``{"last": n}`` (protocol §5): how many of a ring's latest messages it
+    asks for first; 0 when it asks for none. The topic's own handler sees the params too."""
+    if not isinstance(params, dict) or params.get("last") is None:
+        return 0
+    n = params["last"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ProtocolError("last must be an integer of at least 1", ErrorCode.PROTOCOL)
+    return n
+
+
+def _prefetch(params: Any, ch: Channel) -> int | None:
+    """A consumer's own prefetch from SUBSCRIBE params (``{"prefetch": n}``), if it fixes one."""
+    if not isinstance(params, dict) or params.get("prefetch") is None:
+        return None
+    n = params["prefetch"]
+    top = ch.queue_settings.max_prefetch if ch.queue_settings else 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= top:
+        raise ProtocolError(f"prefetch must be an integer from 1 to {top}", ErrorCode.PROTOCOL)
+    return n

@@ -1,0 +1,464 @@
+"""The HTTP API for publishers and work producers outside the process (protocol.md section 8b).
+
+``POST {mount}/api/publish`` takes one entry ``{"topic": name, "data": value}`` or a list of
+them as JSON, or one entry a line as NDJSON, and hands them to the intake. ``POST
+{mount}/api/enqueue`` takes the same shape, each entry with an optional ``"id"`` (the producer's
+idempotency key), and adds work items to queue topics. A request is all or nothing: every entry
+is checked (shape, topic, codec, size, authorisation) before any is taken, and the intake (or
+every queue named) takes the whole request or answers 429. Every answer, errors included,
+carries ``Rubris-Fill``, which publishers pace themselves by (ratelimit.py): the intake's fill,
+and for ``enqueue`` the fullest queue's fill when that is higher.
+
+The API is off unless the application configures who may use it: a bearer token
+(``Rubris(api_token=...)``: 401 without it), an authorisation hook
+(``Rubris(authorize_api=f)``, ``f(request, topic) -> bool``, may be async, asked once per topic
+of a request: 403 when it says no or raises ``Reject``), or both (the token first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ...batches import ItemRef, parse_item
+from ...batches.ids import BATCH_ID
+from ...batches.service import Batches
+from ...cluster import Broker, LocalBroker
+from ...config import Config
+from ...engine.channels import Channel, Registry
+from ...engine.engine import Engine
+from ...engine.queues import QueueTopic
+from ...errors import BatchError, MessageTooLarge, ProtocolError, Reject
+from ...protocol import Codec, Mode
+
+AuthorizeApi = Callable[[Request, str], "bool | Awaitable[bool]"]
+_Item = tuple[QueueTopic, bytes, "str | None", "str | None"]
+"""An item ready for ``Engine.offer_items``: queue, payload, id, batch item."""
+
+FILL_HEADER = "Rubris-Fill"
+RETRY_AFTER = 1
+"""Seconds a 429 asks a publisher to wait: about how long the cycle needs to make room."""
+BROKER_RETRY_AFTER = 1
+"""Seconds a 503 asks a publisher to wait while the broker is unreachable (it reconnects by
+itself, retrying within a second)."""
+
+_JSON = "application/json"
+_NDJSON = "application/x-ndjson"
+_PUBLISH_KEYS = frozenset({"topic", "data", "data_b64"})
+_ENQUEUE_KEYS = frozenset({"topic", "data", "data_b64", "id", "batch_item"})
+MAX_ID = 256
+"""Bytes in an item id at most."""
+
+
+class Refusal(Exception):
+    """One answer other than 200: its status, reason and the index of the entry at fault."""
+
+    def __init__(self, status: int, error: str, index: int | None = None) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.index = index
+
+
+class HttpApi:
+    """The routes under ``{mount}/api`` and the checks in front of the intake."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: Registry,
+        config: Config,
+        *,
+        token: str | None = None,
+        authorize: AuthorizeApi | None = None,
+    ) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.config = config
+        self._token = token.encode() if token is not None else None
+        self._authorize = authorize
+        self.batches: Batches | None = None
+        """Batch tracking, for ``batch_item`` (set by ``Rubris`` when it is on)."""
+        self._batch_lock = asyncio.Lock()
+        self.accepting = True
+        """False from the start of a graceful shutdown: requests get 503."""
+        self.broker: Broker = LocalBroker()
+        """Where shared publishes are numbered (set by ``Rubris``): 503 while it cannot
+        take them, before the intake promises to."""
+
+    @property
+    def enabled(self) -> bool:
+        return self._token is not None or self._authorize is not None
+
+    def routes(self) -> list[BaseRoute]:
+        if not self.enabled:
+            return []  # off: the paths do not exist (404)
+        return [
+            Route("/api/publish", self.publish, methods=["POST"]),
+            Route("/api/enqueue", self.enqueue, methods=["POST"]),
+        ]
+
+    # the endpoint
+
+    async def publish(self, request: Request) -> Response:
+        """POST {mount}/api/publish."""
+        try:
+            if not self.accepting:
+                raise Refusal(503, "server shutting down")
+            self.check_token(request)
+            if not self.engine.intake.room(1, 0):
+                return self._full()  # before the body is read and parsed: a flood costs little
+            body = await self.read_body(request)
+            entries = self._parse(request.headers.get("content-type", ""), body)
+            channels: dict[str, Channel | None] = {}  # per request: a name is matched once
+            staged = [self._stage(index, entry, channels, False) for index, entry in entries]
+            await self.check_authorised(request, [(e[0], e[1]) for e in staged])
+            engine = self.engine
+            items = [(engine.topic_of(name, ch), payload) for _i, name, ch, payload, *_ in staged]
+        except Refusal as r:
+            return self.refusal(r)
+        except ProtocolError as exc:  # too many topics on this server
+            return self.refusal(Refusal(503, str(exc)))
+        if not self.broker.accepting(len(items), sum(len(p) for _, p in items)):
+            return self._broker_away()
+        if not engine.offer(items):
+            return self._full(len(items))
+        return self._answer({"accepted": len(items), "duplicates": 0})
+
+    async def enqueue(self, request: Request) -> Response:
+        """POST {mount}/api/enqueue (``?batch={id}``: the items become one group of that
+        batch, see ``_enqueue_in_batch``)."""
+        queues: list[QueueTopic] = []
+        try:
+            if not self.accepting:
+                raise Refusal(503, "server shutting down")
+            self.check_token(request)
+            batch = self._batch_param(request)
+            body = await self.read_body(request)
+            entries = self._parse(request.headers.get("content-type", ""), body)
+            channels: dict[str, Channel | None] = {}
+            staged = [self._stage(index, entry, channels, True) for index, entry in entries]
+            refs = [(e[0], e[5]) for e in staged if e[5] is not None]
+            if batch is not None and refs:
+                why = "batch_item: the request's ?batch= numbers the items"
+                raise Refusal(400, why, refs[0][0])
+            batches: list[tuple[int | None, str]] = [(i, f"batch.{r.batch}") for i, r in refs]
+            if batch is not None:
+                batches.append((None, f"batch.{batch}"))
+            await self.check_authorised(request, [(e[0], e[1]) for e in staged] + batches)
+            if refs:
+                await self._check_batch_items(refs)
+            engine = self.engine
+            items = [
+                (engine.queue_of(name, ch, self.registry), payload, item_id, _str(ref))
+                for _i, name, ch, payload, item_id, ref in staged
+            ]
+            queues = list({q.number: q for q, _p, _id, _b in items}.values())
+            if not self.broker.accepting(0, 0):  # shared queues wait in Redis
+                return self._broker_away()
+            if batch is not None:
+                return await self._enqueue_in_batch(batch, items, queues)
+        except Refusal as r:
+            return self.refusal(r, queues)
+        except ProtocolError as exc:  # too many topics on this server
+            return self.refusal(Refusal(503, str(exc)), queues)
+        duplicates = engine.offer_items(items)
+        if duplicates is None:
+            return self._queues_full(queues)
+        return self._answer({"accepted": len(items), "duplicates": len(duplicates)}, queues=queues)
+
+    async def _enqueue_in_batch(
+        self, batch: str, items: list[_Item], queues: list[QueueTopic]
+    ) -> Response:
+        """Add one group to ``batch`` for the items that are not duplicates, and enqueue them
+        as its items ``{batch}:{group}:0 …`` in request order, as one step.
+
+        This is what makes a retried producer (a Spark task's second attempt) exact: the items
+        its first attempt enqueued are recognised by their ids and tracked by the group made
+        then, so the new group counts only items really enqueued now, and the batch completes
+        when every item in the queue has ended. The lock keeps two such requests from
+        interleaving between the plan and the offer; anything else that enqueues the same ids
+        or fills the queue in that moment (the add is one store round trip) is caught after the
+        offer: the group's items that were not enqueued end at once (failed when the queue
+        turned full and the request answers 429; done when another producer enqueued that id).
+        """
+        assert self.batches is not None
+        engine = self.engine
+        async with self._batch_lock:
+            plan = engine.plan_items(items)
+            if plan is None:
+                return self._queues_full(queues)
+            count = sum(plan)
+            refs: list[str] = []
+            group = None
+            if count:
+                try:
+                    added = await self.batches.add(batch, count)
+                except BatchError as exc:
+                    return self.refusal(Refusal(exc.status, f"batch: {exc.reason}"), queues)
+                group = added.group
+                refs = added.ids()
+            numbered = iter(refs)
+            items = [
+                (q, payload, item_id, next(numbered) if fresh else None)
+                for (q, payload, item_id, _b), fresh in zip(items, plan, strict=True)
+            ]
+            duplicates = engine.offer_items(items)
+            if duplicates is None:
+                await self.batches.fail(refs)
+                return self._queues_full(queues)
+            late = [r for i in duplicates if (r := items[i][3]) is not None]
+            if late:
+                await self.batches.ack(late)
+        return self._answer(
+            {
+                "accepted": len(items),
+                "duplicates": len(duplicates),
+                "batch": batch,
+                "group": group,
+                "count": count - len(late),
+            },
+            queues=queues,
+        )
+
+    def _batch_param(self, request: Request) -> str | None:
+        batch = request.query_params.get("batch")
+        if batch is None:
+            return None
+        if self.batches is None:
+            raise Refusal(400, "?batch=: batch tracking is off on this server")
+        if not BATCH_ID.match(batch):
+            raise Refusal(400, f"?batch=: {batch[:80]!r} is not a batch id")
+        return batch
+
+    def _queues_full(self, queues: list[QueueTopic]) -> Response:
+        full = [q.name for q in queues if not q.room()] or [q.name for q in queues]
+        return self._answer(
+            {"error": f"queue {full[0]!r} cannot take the request's items now"},
+            429,
+            {"Retry-After": str(RETRY_AFTER)},
+            queues,
+        )
+
+    def _broker_away(self) -> Response:
+        return self._answer(
+            {"error": "the broker (Redis) cannot take messages now"},
+            503,
+            {"Retry-After": str(BROKER_RETRY_AFTER)},
+        )
+
+    def _full(self, n: int | None = None) -> Response:
+        what = f"{n} messages" if n is not None else "more messages"
+        return self._answer(
+            {"error": f"the intake cannot take {what} now"}, 429, {"Retry-After": str(RETRY_AFTER)}
+        )
+
+    # checks, in the order a request meets them
+
+    def check_token(self, request: Request, *, basic: bool = False) -> None:
+        """401 unless the request carries the token as ``Bearer``, or with ``basic`` also as
+        the password of HTTP Basic (any user name): what a browser can send to a page."""
+        if self._token is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        scheme = scheme.lower()
+        if basic and scheme == "basic":
+            try:
+                given = base64.b64decode(given, validate=True).decode().partition(":")[2]
+            except (binascii.Error, UnicodeDecodeError):
+                given = ""
+            scheme = "bearer"
+        if scheme != "bearer" or not hmac.compare_digest(given.encode(), self._token):
+            raise Refusal(401, "a valid bearer token is required")
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.config.limits.api_body
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise Refusal(413, f"the body is over the limit of {limit} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise Refusal(413, f"the body is over the limit of {limit} bytes")
+        return bytes(body)
+
+    @staticmethod
+    def _parse(content_type: str, body: bytes) -> list[tuple[int, Any]]:
+        """The entries with their indexes: list positions, or NDJSON line numbers."""
+        kind = content_type.partition(";")[0].strip().lower()
+        if kind == _NDJSON:
+            entries: list[tuple[int, Any]] = []
+            for i, line in enumerate(body.split(b"\n")):
+                if line.strip():
+                    try:
+                        entries.append((i, orjson.loads(line)))
+                    except orjson.JSONDecodeError as exc:
+                        raise Refusal(400, f"line {i} is not JSON: {exc}", i) from None
+            if not entries:
+                raise Refusal(400, "the body holds no entries")
+            return entries
+        if kind != _JSON:
+            raise Refusal(415, f"the body must be {_JSON} or {_NDJSON}, not {kind or 'untyped'}")
+        value = json_body(body)
+        if isinstance(value, dict):
+            return [(0, value)]
+        if isinstance(value, list) and value:
+            return list(enumerate(value))
+        raise Refusal(400, "the body must be an entry or a non-empty list of entries")
+
+    def _stage(
+        self, index: int, entry: Any, channels: dict[str, Channel | None], queue: bool
+    ) -> tuple[int, str, Channel, bytes, str | None, ItemRef | None]:
+        """One entry checked and encoded: (index, topic, channel, payload, item id, batch
+        item)."""
+        if not isinstance(entry, dict):
+            raise Refusal(400, f"an entry must be an object, got {_json_type(entry)}", index)
+        extra = entry.keys() - (_ENQUEUE_KEYS if queue else _PUBLISH_KEYS)
+        if extra:
+            raise Refusal(400, f"unknown field {sorted(extra)[0]!r}", index)
+        name = entry.get("topic")
+        if not isinstance(name, str) or not name:
+            raise Refusal(400, "topic must be a non-empty string", index)
+        if len(name.encode()) > self.config.limits.max_topic_name:
+            raise Refusal(400, "topic name too long", index)
+        if name in channels:
+            ch = channels[name]
+        else:
+            found = self.registry.match(name)
+            wanted = found is not None and (
+                found[0].mode == Mode.QUEUE if queue else found[0].shared
+            )
+            ch = channels[name] = found[0] if found is not None and wanted else None
+        if ch is None:
+            kind = "queue" if queue else "shared"
+            raise Refusal(404, f"no {kind} channel offers the topic {name!r}", index)
+        item_id = entry.get("id")
+        if item_id is not None and (
+            not isinstance(item_id, str) or not item_id or len(item_id.encode()) > MAX_ID
+        ):
+            raise Refusal(400, f"id must be a non-empty string of at most {MAX_ID} bytes", index)
+        batch_item = entry.get("batch_item")
+        ref = None
+        if batch_item is not None:
+            if self.batches is None:
+                raise Refusal(400, "batch_item: batch tracking is off on this server", index)
+            try:
+                ref = parse_item(batch_item)
+            except BatchError as exc:
+                raise Refusal(400, f"batch_item: {exc.reason}", index) from None
+        payload = _payload(ch.codec, entry, index)
+        try:
+            if queue:
+                self.engine.check_item(len(payload))
+            else:
+                self.engine.check_payload(len(payload))
+        except MessageTooLarge as exc:
+            raise Refusal(400, str(exc), index) from None
+        return index, name, ch, payload, item_id, ref
+
+    async def _check_batch_items(self, refs: list[tuple[int, ItemRef]]) -> None:
+        """Every batch item names an item of a known batch (404 / 400 naming the entry)."""
+        assert self.batches is not None
+        try:
+            await self.batches.check([r for _i, r in refs])
+        except BatchError as exc:
+            index = next((i for i, r in refs if str(r) == exc.item), None)
+            raise Refusal(exc.status, f"batch_item: {exc.reason}", index) from None
+
+    async def check_authorised(
+        self, request: Request, names: Sequence[tuple[int | None, str]], verb: str = "publish to"
+    ) -> None:
+        """Ask the hook once per topic ``name`` (403 naming the entry ``index`` at fault;
+        ``verb`` says what was refused)."""
+        authorize = self._authorize
+        if authorize is None:
+            return
+        asked: set[str] = set()
+        for index, name in names:
+            if name in asked:
+                continue
+            asked.add(name)
+            try:
+                allowed = authorize(request, name)
+                if inspect.isawaitable(allowed):
+                    allowed = await allowed
+            except Reject as r:
+                raise Refusal(403, r.reason, index) from None
+            if not allowed:
+                raise Refusal(403, f"not allowed to {verb} {name!r}", index)
+
+    # answers
+
+    def _answer(
+        self,
+        body: dict[str, Any],
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+        queues: list[QueueTopic] | None = None,
+    ) -> Response:
+        if status >= 400:
+            self.engine.telemetry.api_refusals[status] += 1
+        fill = self.engine.intake.fill
+        for q in queues or ():
+            fill = max(fill, min(100, len(q.ready) * 100 // q.settings.max_length))
+        body["fill"] = fill
+        all_headers = {FILL_HEADER: str(fill), **(headers or {})}
+        return Response(orjson.dumps(body), status, all_headers, media_type=_JSON)
+
+    def refusal(self, r: Refusal, queues: list[QueueTopic] | None = None) -> Response:
+        body: dict[str, Any] = {"error": r.error, "index": r.index}
+        headers = {"WWW-Authenticate": "Bearer"} if r.status == 401 else None
+        return self._answer(body, r.status, headers, queues)
+
+
+def json_body(body: bytes) -> Any:
+    """A request body's JSON value; 400 when it is not JSON."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise Refusal(400, f"the body is not JSON: {exc}") from None
+
+
+def _payload(codec: int, entry: dict[str, Any], index: int) -> bytes:
+    """The bytes a topic of ``codec`` stores for ``entry`` (protocol.md section 8b)."""
+    if codec == Codec.BYTES:
+        if "data" in entry or not isinstance(entry.get("data_b64"), str):
+            raise Refusal(400, "a bytes topic takes data_b64, a base64 string", index)
+        try:
+            return base64.b64decode(entry["data_b64"], validate=True)
+        except (binascii.Error, ValueError):
+            raise Refusal(400, "data_b64 is not valid base64", index) from None
+    if "data_b64" in entry:
+        raise Refusal(400, "data_b64 is only for bytes topics; use data", index)
+    if "data" not in entry:
+        raise Refusal(400, "the entry has no data", index)
+    data = entry["data"]
+    if codec == Codec.TEXT:
+        if not isinstance(data, str):
+            raise Refusal(400, f"a text topic takes a string, got {_json_type(data)}", index)
+        return data.encode()
+    return orjson.dumps(data)
+
+
+def _str(ref: ItemRef | None) -> str | None:
+    return None if ref is None else str(ref)
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return "a number"
+    return names.get(type(value), type(value).__name__)

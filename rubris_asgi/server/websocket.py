@@ -1,0 +1,369 @@
+"""The WebSocket transport at ``{mount}/ws`` (protocol.md section 6).
+
+Writing without awaiting: the scheduler hands a frame to ``send_frame`` and moves on. The ASGI
+``send`` coroutine is driven by hand: with room in the socket buffer the server writes at once and
+the coroutine finishes on its first step, with no task, future or wake-up per frame (these add
+up to most of the per-frame cost and feed the garbage collector). When the send suspends,
+done-callbacks step it to its end as a Task would, without a task: under uvicorn or hypercorn
+that happens when the socket is full, the *blocked write* of the large-messages source document;
+under granian every write completes later, on its Rust threads. Until the write completes the
+session is not READY, so a slow socket holds back its own session and nothing else. A write that
+takes longer than ``blocked_after`` earns the progressive penalty (flow.py); one still stuck
+after ``max_blocked`` ends the session with GOODBYE 7 (:meth:`WebSocketTransport.close_blocked`,
+run by the app's housekeeping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from asyncio import Future
+from collections.abc import Coroutine
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from ..engine.buffers import FrameBuffer
+from ..engine.flow import on_write_done
+from ..engine.session import Session, SessionState
+from ..errors import ErrorCode, ProtocolError
+from ..protocol import SUBPROTOCOL, Goodbye, encode
+from .gateway import CLOSE_CODES, Gateway, resumed_id
+from .relay import Relays
+
+log = logging.getLogger("rubris_asgi")
+
+
+class WebSocketTransport:
+    """The ASGI app behind ``{mount}/ws`` and the set of its live connections.
+
+    Raw ASGI rather than a Starlette endpoint, so that frames can use the raw ``send``.
+    """
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.connections: set[WebSocketConnection] = set()
+        self.relays: Relays | None = None
+        """With several nodes: connections that resume another node's session are carried
+        to it (set by the app)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await WebSocketConnection(self, scope, receive, send).run()
+
+    async def close_blocked(self, now: float) -> None:
+        """End the sessions whose frame has been stuck in the socket for ``max_blocked``."""
+        limit = self.gateway.config.writer.max_blocked
+        for conn in list(self.connections):
+            since = conn.writing_since
+            s = conn.session
+            if since and now - since > limit and s is not None:
+                log.info("session %s blocked for %.1fs: closing", s.id[:8], now - since)
+                self.gateway.engine.telemetry.closed_blocked += 1
+                await conn.abort(ErrorCode.SLOW_CONSUMER, "slow consumer", goodbye=True)
+                self.gateway.engine.end_session(s)
+
+    async def abort_all(self, code: int, reason: str) -> None:
+        """GOODBYE ``code`` and close every connection, without waiting on their sockets."""
+        for conn in list(self.connections):
+            await conn.abort(code, reason, goodbye=True)
+
+
+class WebSocketConnection:
+    """One WebSocket bound to a session; the session's ``FrameSink`` while connected."""
+
+    __slots__ = (
+        "transport",
+        "gateway",
+        "ws",
+        "_send",
+        "session",
+        "writing_since",
+        "closed",
+        "_tasks",
+        "_w_send",
+        "_w_coro",
+        "_w_lease",
+        "_w_pending",
+        "_w_done",
+        "_w_slice",
+        "_resume_cb",
+    )
+
+    def __init__(
+        self, transport: WebSocketTransport, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        self.transport = transport
+        self.gateway = transport.gateway
+        self.ws = WebSocket(scope, receive, send)
+        self._send = send  # the raw ASGI send: frames skip Starlette's per-call state checks
+        self.session: Session | None = None
+        self.writing_since = 0.0
+        """When the write under way began, if one did not finish at once; else 0."""
+        self.closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        # the write under way, if it did not finish at once: the send being stepped (a
+        # coroutine, or a future's __await__ iterator), its lease, what it waits on, and a
+        # future for whoever awaits the end (made only when asked: ``writing``). Kept here,
+        # not in per-write objects: under granian every write is under way for a while, a
+        # thousand of them at once outlive young garbage collections and make old ones costly
+        self._w_send: Any = None
+        self._w_coro = False
+        self._w_lease: FrameBuffer | None = None
+        self._w_pending: Any = None
+        self._w_done: Future[None] | None = None
+        self._w_slice = -1
+        """The scheduler's slice of an asynchronous write under way (else -1)."""
+        self._resume_cb = self._resume_write  # one bound method for every callback
+
+    # FrameSink: called from inside the scheduler's cycle, so it must never raise or await
+
+    def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
+        engine = self.gateway.engine
+        s = self.session
+        if self.closed or s is None:
+            engine.pool.release(lease)
+            return
+        aw = self._send({"type": "websocket.send", "bytes": frame})
+        coro = isinstance(aw, Coroutine)
+        # a coroutine steps with send(None); a server whose send is a future (granian), or
+        # another awaitable, through its __await__ iterator
+        it: Any = aw if coro else aw.__await__()
+        try:
+            pending = it.send(None) if coro else next(it)
+        except StopIteration:
+            engine.frame_done(s, lease)  # written at once: the common case
+            self._after_write(s)
+            return
+        except Exception:  # the peer is gone; the reader sees the disconnect and detaches
+            engine.pool.release(lease)
+            self.closed = True
+            return
+        # not written yet: callbacks carry the send to its end, as a Task would, without one
+        if isinstance(pending, asyncio.Future):
+            # the server waits on its own loop: its socket buffer is full
+            engine.telemetry.blocked_writes += 1
+        else:  # the server's own threads write it (granian): one of the cycle's window
+            self._w_slice = engine.scheduler.write_started()
+        self.writing_since = engine.clock()
+        self._w_send = it
+        self._w_coro = coro
+        self._w_lease = lease
+        self._wait_on(pending)
+
+    @property
+    def writing(self) -> Future[None] | None:
+        """None, or a future resolved when the write under way ends (made when asked)."""
+        if self._w_lease is None:
+            return None
+        if self._w_done is None:
+            self._w_done = asyncio.get_running_loop().create_future()
+        return self._w_done
+
+    def _wait_on(self, pending: Any) -> None:
+        self._w_pending = pending
+        if pending is None:  # a bare yield (asyncio.sleep(0)): step again soon
+            asyncio.get_running_loop().call_soon(self._resume_cb, None)
+        else:
+            pending.add_done_callback(self._resume_cb)
+
+    def _resume_write(self, fut: Any) -> None:
+        if fut is not self._w_pending or self._w_lease is None:
+            return  # a write given up (the connection ended)
+        it = self._w_send
+        try:
+            pending = it.send(None) if self._w_coro else next(it)
+        except StopIteration:
+            self._write_ended(True)
+        except Exception:
+            self._write_ended(False)
+        else:
+            self._wait_on(pending)
+
+    def _write_ended(self, ok: bool) -> None:
+        """The write under way has ended: written, failed, or given up (``ok`` False)."""
+        engine = self.gateway.engine
+        lease = self._w_lease
+        assert lease is not None
+        started = self.writing_since
+        self.writing_since = 0.0
+        self._w_send = self._w_pending = self._w_lease = None
+        if self._w_slice >= 0:
+            engine.scheduler.write_settled(self._w_slice)
+            self._w_slice = -1
+        done, self._w_done = self._w_done, None
+        if done is not None and not done.done():
+            done.set_result(None)
+        if not ok:
+            engine.pool.release(lease)
+            self.closed = True
+            return
+        s = self.session
+        assert s is not None
+        now = engine.clock()
+        writer = self.gateway.config.writer
+        pause = on_write_done(s, started, now, writer)
+        if now - started >= writer.blocked_after:
+            engine.telemetry.failed_sends += 1
+        if pause:
+            engine.telemetry.penalty_seconds += pause
+            engine.scheduler.hold(s, now + pause)
+        if self.closed:
+            engine.pool.release(lease)
+            return
+        engine.frame_done(s, lease)
+        self._after_write(s)
+
+    def _give_up_write(self) -> None:
+        """Stop carrying the write under way (the connection is ending); its lease returns."""
+        if self._w_lease is None:
+            return
+        send, coro = self._w_send, self._w_coro
+        self._write_ended(False)
+        if coro:
+            with contextlib.suppress(Exception):
+                send.close()  # the server's send coroutine ends where it waited
+
+    def _after_write(self, s: Session) -> None:
+        if s.state is SessionState.CLOSING and not s.has_work():
+            # the GOODBYE queued by close_session has gone out: nothing follows it
+            self.closed = True
+            self._spawn(self._close_socket(CLOSE_CODES.get(s.close_code, 1000), "goodbye"))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # the connection's life
+
+    async def run(self) -> None:
+        gateway = self.gateway
+        ws = self.ws
+        if not gateway.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
+            await ws.close(1008, "origin not allowed")  # before accept: the handshake gets 403
+            return
+        try:
+            user = await gateway.authenticate(ws)
+        except ProtocolError as exc:
+            await ws.close(CLOSE_CODES.get(exc.code, 1008), str(exc)[:120])
+            return
+        offered = ws.scope.get("subprotocols") or []
+        await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        refused = False
+        try:
+            if await self._handshake(user):
+                await self._reader()
+        except (WebSocketDisconnect, asyncio.TimeoutError):
+            pass
+        except ProtocolError as exc:
+            refused = True  # GOODBYE ends the session: it is not left waiting for a resume
+            await self._goodbye(exc.code, str(exc))
+        finally:
+            self.closed = True
+            self.transport.connections.discard(self)
+            self._give_up_write()
+            for task in list(self._tasks):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            s = self.session
+            if s is not None and s.sink is self:
+                if s.state is SessionState.CONNECTED and not refused:
+                    gateway.engine.detach(s)
+                else:
+                    gateway.engine.end_session(s)
+
+    async def _handshake(self, user: Any) -> bool:
+        """HELLO to WELCOME; False when the connection was carried for another node's session
+        (relay.py) and is over."""
+        gateway = self.gateway
+        msg = await asyncio.wait_for(self.ws.receive(), gateway.config.timing.heartbeat * 2)
+        frame = self._frame_bytes(msg)
+        msgs = gateway.decode_client_frame(frame)
+        relays = self.transport.relays
+        home = gateway.dispatcher.broker.home_of(resumed_id(msgs))
+        if home and relays is not None:
+            if await relays.carry(self.ws, home, frame, gateway.owner_tag(user)):
+                return False
+        s, resumed = gateway.open_or_resume(msgs, user)
+        s.transport = "websocket"
+        self.session = s
+        await self.ws.send_bytes(gateway.welcome(s, resumed))
+        gateway.engine.attach(s, self)
+        self.transport.connections.add(self)
+        await gateway.dispatcher.handle_first(s, msgs[1:])
+        return True
+
+    def _frame_bytes(self, msg: Any) -> bytes:
+        if msg["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(msg.get("code", 1000))
+        data = msg.get("bytes")
+        if data is None:
+            raise ProtocolError("text frames are not part of the protocol", ErrorCode.PROTOCOL)
+        return bytes(data)
+
+    async def _reader(self) -> None:
+        gateway = self.gateway
+        s = self.session
+        assert s is not None
+        timeout = gateway.config.timing.heartbeat * 2
+        receive = self.ws.receive
+        handle = gateway.dispatcher.handle
+        while not self.closed:
+            try:
+                msg = await asyncio.wait_for(receive(), timeout)
+            except asyncio.TimeoutError:
+                # silent for twice the heartbeat: the peer is gone; the session waits to resume
+                await self._close_socket(1000, "heartbeat timeout")
+                return
+            if msg["type"] == "websocket.disconnect":
+                return
+            await handle(s, gateway.decode_client_frame(self._frame_bytes(msg)))
+            if s.state is SessionState.CLOSED:
+                return
+
+    # closing
+
+    def superseded(self) -> None:
+        """A newer connection resumed this session: this one stops carrying it."""
+        self.closed = True
+        self._give_up_write()
+        self._spawn(self._close_socket(1000, "resumed elsewhere"))
+
+    async def _goodbye(self, code: int, reason: str) -> None:
+        """GOODBYE and close, after the frame being written (bad input from this client)."""
+        self.closed = True
+        self.gateway.engine.telemetry.error("goodbye", code)
+        writing = self.writing
+        if writing is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(writing), 2.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.send_bytes(encode(Goodbye(code, reason))), 2.0)
+        await self._close_socket(CLOSE_CODES.get(code, 1002), reason)
+
+    async def _close_socket(self, code: int, reason: str) -> None:
+        self.closed = True
+        self.transport.connections.discard(self)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(code, reason[:120]), 2.0)
+
+    async def abort(self, code: int, reason: str, *, goodbye: bool = False) -> None:
+        """End the connection now, without waiting on a socket that may never drain.
+
+        The frame being written is dropped (a blocked ASGI send has not written it yet). With
+        ``goodbye``, GOODBYE ``code`` goes out before the close. Both are sent from a task and
+        bounded by timeouts: they reach a client that starts reading again, and nobody (the
+        housekeeping, a shutdown) waits on one that never does.
+        """
+        self.transport.connections.discard(self)
+        if self.closed:
+            return  # already closing: its GOODBYE, if any, is on its way
+        self.closed = True
+        self._give_up_write()
+        if goodbye:
+            self._spawn(self._goodbye(code, reason))
+        else:
+            self._spawn(self._close_socket(CLOSE_CODES.get(code, 1013), reason))

@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 from .batches import BatchStore, ItemRef, parse_item
 from .batches.service import Batches
 from .batches.watch import AuthorizeBatch, BatchTopics
-from .cluster import WORKERS_ENV, Broker, broker_from
+from .cluster import WORKERS_ENV, Broker, cluster_from
 from .cluster.sends import RemoteSends
 from .config import Config
 from .engine.channels import _UNSET, Registry
@@ -130,32 +130,41 @@ class Rubris:
         if compress_at is not _UNSET:
             config = replace(config, compress_at=compress_at)
         self.config = config
-        self.engine = Engine(config, compressor=compressor, **({"clock": clock} if clock else {}))
+        cluster = cluster_from(broker)
+        self.broker = cluster.broker
+        """Where shared publishes are numbered: this process (``LocalBroker``) or Redis."""
+        if batches is True and self.broker.distributed:  # every worker sees every batch
+            batches = cluster.batch_store if cluster.batch_store is not None else True
+        self._batches = Batches.from_spec(batches, config)
+        self.engine = Engine(
+            config,
+            compressor=compressor,
+            on_session_end=self._session_ended,
+            on_item_end=None if self._batches is None else self._batches.item_ended,
+            **({"clock": clock} if clock else {}),
+        )
         self.registry = Registry(compress_at=config.compress_at)
-        self.dispatcher = Dispatcher(self.engine, self.registry, config, decompressor)
+        self.dispatcher = Dispatcher(self.engine, self.registry, config, decompressor, self.broker)
         self.gateway = Gateway(
             self.engine,
             self.dispatcher,
             config,
+            broker=self.broker,
+            nodes=cluster.nodes,
             authenticate=authenticate,
             allowed_origins=allowed_origins,
         )
-        self.broker = broker_from(broker)
-        """Where shared publishes are numbered: this process (``LocalBroker``) or Redis."""
-        self.dispatcher.broker = self.broker
-        self.websocket = WebSocketTransport(self.gateway)
+        self.relays = Relays(self.gateway)
+        """WebSockets carried to and from other nodes' sessions (several nodes)."""
+        self.websocket = WebSocketTransport(self.gateway, self.relays)
         # a long-poll tab's requests would fill uvicorn's access log (quiet_log.py)
         self._quiet_polls = QuietPolls() if quiet_polls else None
         self.longpoll = LongPollTransport(self.gateway, self._quiet_polls)
         self.longpoll.serve_forwarded()  # polls that reach another node first (several nodes)
-        self.relays = Relays(self.gateway)
-        """WebSockets carried to and from other nodes' sessions (several nodes)."""
-        self.websocket.relays = self.relays
-        self._remote = RemoteSends(self.engine, self.registry, self.broker, self.send)
+        self._remote = RemoteSends(self.engine, self.registry, cluster.nodes, self.send)
         if self.broker.distributed:
             self.relays.serve()
             self._remote.serve()
-        self.engine.on_session_end = self._session_ended
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -169,12 +178,8 @@ class Rubris:
             self.engine, self.registry, config, token=api_token, authorize=authorize_api
         )
         self.api.broker = self.broker
-        if batches is True and self.broker.distributed:  # every worker sees every batch
-            batches = self.broker.batch_store()
-        self._batches = Batches.from_spec(batches, config)
         batch_routes = []
         if self._batches is not None:
-            self.engine.on_item_end = self._batches.item_ended
             self.api.batches = self._batches
             BatchTopics(self.engine, self.registry, self._batches, authorize_batch)
             batch_routes = BatchApi(self.api, self._batches).routes()
@@ -544,7 +549,9 @@ class Rubris:
             )
         if any(ch.mode == Mode.QUEUE for ch in self.registry.channels):
             self.broker.holds("work-queue items")  # a Redis that could lose them fails the start
-        await self.broker.start(self.engine)  # first: a broker out of reach fails the start
+        membership = await self.broker.start(self.engine)  # first: one out of reach fails
+        if membership is not None:  # several nodes: shared publishes go through the broker
+            self.engine.join(membership)
         self._loop = loop
         self._thread = threading.get_ident()
         self._wake = asyncio.Event()
@@ -625,6 +632,7 @@ class Rubris:
         self.board.close()
         await self.dispatcher.cancel_all()
         await self.broker.stop()  # what was published before the end reaches Redis
+        self.engine.leave()
         if self._batches is not None:
             # what consumers ACKed before the end reaches the store before it closes
             with contextlib.suppress(Exception):

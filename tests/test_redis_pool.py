@@ -21,7 +21,7 @@ import pytest
 
 from rubris_asgi import Rubris
 from rubris_asgi.cluster import RedisBroker
-from rubris_asgi.cluster.base import Head
+from rubris_asgi.cluster.nodes import Head
 from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
 
 from .apps import make_rubris, starlette_app
@@ -96,12 +96,12 @@ async def test_hundreds_of_concurrent_commands_wait_for_a_connection_and_redis_s
             await asyncio.sleep(0.01)
             return {"n": head["n"]}, body
 
-        b.broker.on("echo", echo)
+        b.broker.nodes.on("echo", echo)
         node_b = b.broker.node
 
         async def ask(i: int) -> int:
             assert isinstance(a.broker, RedisBroker)
-            head, body = await a.broker.ask(node_b, "echo", {"n": i}, b"x%d" % i, 20.0)
+            head, body = await a.broker.nodes.ask(node_b, "echo", {"n": i}, b"x%d" % i, 20.0)
             assert body == b"x%d" % i
             return int(head["n"])
 

@@ -14,11 +14,14 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .base import Broker, BrokerStats, LocalBroker
+from .nodes import NodeLink
 
 if TYPE_CHECKING:
+    from ..batches.store import BatchStore
     from .redis.batch_store import RedisBatchStore
     from .redis.broker import RedisBroker
 
@@ -27,10 +30,13 @@ __all__ = [
     "WORKERS_ENV",
     "Broker",
     "BrokerStats",
+    "Cluster",
     "LocalBroker",
+    "NodeLink",
     "RedisBatchStore",
     "RedisBroker",
     "broker_from",
+    "cluster_from",
 ]
 
 ENV = "RUBRIS_REDIS_URL"
@@ -51,6 +57,47 @@ def broker_from(spec: Broker | str | None) -> Broker:
     from .redis.broker import RedisBroker
 
     return RedisBroker(url)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What a node shares with the others, made together from one setting (``cluster_from``).
+
+    The queue home is not here: the broker hands it to the engine when it starts, with the
+    relay (``Membership``, engine/membership.py), since it lives on the broker's connection.
+    """
+
+    broker: Broker
+    """Numbers the shared publishes and hands them to every node that follows their topic."""
+    nodes: NodeLink
+    """Requests to the node that holds a session (alone: nobody to ask)."""
+    batch_store: BatchStore | None
+    """The batch store every node shares (``Rubris(batches=True)``); None alone: the
+    embedded SQLite default."""
+
+
+def cluster_from(spec: Broker | str | None) -> Cluster:
+    """The cluster of ``Rubris(broker=...)``: ``broker_from(spec)``, its node link, and with a
+    ``RedisBroker`` the batch store in the same Redis under the same prefix, so that every node
+    sees every batch. The store is made for every app and used by few: a Redis that would lose
+    batches is refused at the first batch opened, not at start."""
+    broker = broker_from(spec)
+    store: BatchStore | None = None
+    if broker.distributed:
+        from .redis.broker import RedisBroker
+
+        if isinstance(broker, RedisBroker):
+            from .redis.batch_store import RedisBatchStore
+
+            store = RedisBatchStore(
+                broker.url,
+                prefix=broker.prefix,
+                max_connections=broker.max_connections,
+                pool_timeout=broker.pool_timeout,
+                allow_volatile=broker.allow_volatile,
+                check_at_start=False,
+            )
+    return Cluster(broker, broker.nodes, store)
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,8 @@
 A *node* is one started ``Rubris`` (a worker process). Alone, a node numbers its own topics:
 that is the ``LocalBroker``, the default, which adds nothing to the path of a publish (the
 engine stores the message in its topic at once, O(1)). Several nodes share a *distributed*
-broker (``RedisBroker``): it sets ``engine.relay`` so every shared publish goes to it, numbers
+broker (``RedisBroker``): its start hands the engine a relay (``Membership``, engine/membership.py)
+so every shared publish goes to it; it numbers
 each message once for all nodes (same seq, same epoch everywhere), keeps the ring and the
 snapshot where every node can read them, and hands each message back to every node that
 *follows* its topic (has subscribers to it) through ``engine.apply``, in seq order.
@@ -15,47 +16,35 @@ The engine knows nothing of this but the relay and ``apply``; the dispatcher awa
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from ..engine.engine import Engine
+from ..engine.membership import EngineEvents, Membership
 from ..engine.topics import SharedTopic
-from ..errors import BrokerUnavailable
+from .nodes import (
+    SESSION_MARK,
+    Abandoned,
+    Head,
+    MaybeSent,
+    NodeGone,
+    NodeLink,
+    NoReply,
+    node_of,
+)
 
-Head = dict[str, Any]
-"""The JSON head of a request between nodes."""
-SESSION_MARK = "~"
-"""Between the node's id and the rest of a session id, with a distributed broker: any node
-knows from a session id where that session lives."""
-
-
-class NodeGone(Exception):
-    """The node asked is not listening: it has stopped, or died. Nobody received the request."""
-
-
-class Abandoned(NodeGone):
-    """This node stopped while waiting for a reply: the request was sent, and the other node
-    may have acted on it."""
-
-
-class NoReply(asyncio.TimeoutError):
-    """The request was sent and no reply came within the timeout: the other node may have
-    acted on it (the reply was lost, or is late). A ``TimeoutError``, never a sign that Redis
-    is down."""
-
-
-class MaybeSent(BrokerUnavailable):
-    """Redis failed while the request was being written to it or read back: it may have
-    reached the other node. (A failure before anything was written is a plain
-    ``BrokerUnavailable``: nobody received the request.)"""
-
-
-def node_of(session_id: str) -> str:
-    """The node a session id names ("" when it names none: a node alone)."""
-    node, mark, _ = session_id.partition(SESSION_MARK)
-    return node if mark else ""
+__all__ = [  # the requests' names as they were, before the node link had a module of its own
+    "SESSION_MARK",
+    "Abandoned",
+    "Broker",
+    "BrokerStats",
+    "Head",
+    "LocalBroker",
+    "MaybeSent",
+    "NodeGone",
+    "NodeLink",
+    "NoReply",
+    "node_of",
+]
 
 
 @dataclass
@@ -94,49 +83,25 @@ class Broker:
     """The base class of brokers; also what a broker must do, method by method."""
 
     distributed: ClassVar[bool] = False
-    """True when other nodes share the numbering (publishes go through ``engine.relay``)."""
+    """True when other nodes share the numbering (publishes go through the relay its ``start``
+    hands the engine)."""
 
     def __init__(self) -> None:
         self.counters = BrokerStats()
         self.node = ""
         """This node's id among the others ("" alone); what its session ids start with."""
-
-    def batch_store(self) -> Any:
-        """The ``BatchStore`` the nodes sharing this broker share (``Rubris(batches=True)``
-        with a distributed broker); alone, None: the embedded SQLite default."""
-        return None
+        self.nodes = NodeLink()
+        """The requests between this node and the others (alone: nobody to ask)."""
 
     def holds(self, what: str) -> None:
         """Told before ``start`` that ``what`` (work-queue items) will be kept through this
         broker: one that could lose it refuses to start. Alone, nothing is kept elsewhere."""
 
-    def home_of(self, session_id: str) -> str:
-        """The other node that holds the session ``session_id`` ("" for this node, or alone)."""
-        if not self.distributed:
-            return ""
-        node = node_of(session_id)
-        return node if node != self.node else ""
-
-    def on(self, op: str, handler: Callable[[Head, bytes], Awaitable[tuple[Head, bytes]]]) -> None:
-        """Answer the requests ``op`` of other nodes with ``handler(head, body)``."""
-
-    async def ask(
-        self, node: str, op: str, head: Head, body: bytes, timeout: float
-    ) -> tuple[Head, bytes]:
-        """Ask another node (``on``'s handler there) and wait at most ``timeout`` seconds for
-        its reply (the time to hand the request to Redis comes on top, bounded by the
-        connection's own timeout).
-
-        What each failure says about the request, which matters to a caller whose request
-        changes something there (``Rubris.send_to``): certainly not received by the other node:
-        ``NodeGone`` (nobody listens for it), ``BrokerUnavailable`` but not ``MaybeSent``
-        (Redis failed before the request was written); perhaps received and acted on:
-        ``MaybeSent``, ``NoReply`` (no reply in time), ``Abandoned`` (this node stopped);
-        ``RuntimeError``: the other node's handler failed."""
-        raise NodeGone(f"no node {node}: this one is alone")
-
-    async def start(self, engine: Engine) -> None:
-        """Connect (raise ``BrokerUnavailable`` if that fails) and start hearing."""
+    async def start(self, events: EngineEvents) -> Membership | None:
+        """Connect (raise ``BrokerUnavailable`` if that fails) and start hearing; what the
+        engine joins (``Engine.join``): the relay of its shared publishes, its session ids'
+        mark, its queues' home. None alone: the engine numbers its own topics."""
+        return None
 
     async def stop(self) -> None:
         """Send what waits (within a bound) and disconnect."""

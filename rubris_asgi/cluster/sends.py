@@ -3,7 +3,7 @@ lives, with an outcome the sender can act on.
 
 Alone, it is ``send`` with a lookup and a bound on the wait. With several nodes, a session id
 names its node (its *home*): a send to a session of another node is encoded here (by the
-channel's codec), handed to the home through Redis (``Broker.ask``) and queued there, so
+channel's codec), handed to the home through Redis (``NodeLink.ask``) and queued there, so
 back-pressure holds: the call returns when the message is in the session's queue, waiting
 while the queue is full (at most ``SEND_TIMEOUT``, then ``QueueFull``).
 
@@ -55,8 +55,7 @@ from ..errors import (
     SessionClosed,
 )
 from ..protocol import Mode
-from . import Broker
-from .base import Abandoned, Head, MaybeSent, NodeGone, NoReply
+from .nodes import Abandoned, Head, MaybeSent, NodeGone, NodeLink, NoReply
 
 SEND = "send"
 SEND_TIMEOUT = 30.0
@@ -86,15 +85,15 @@ first."""
 class RemoteSends:
     """Sends by session id, both ends: asking the session's node, and answering other nodes."""
 
-    def __init__(self, engine: Engine, registry: Registry, broker: Broker, send: Send) -> None:
+    def __init__(self, engine: Engine, registry: Registry, nodes: NodeLink, send: Send) -> None:
         self.engine = engine
         self.registry = registry
-        self.broker = broker
+        self.nodes = nodes
         self._send = send
         self._keys: weakref.WeakKeyDictionary[Session, _Keys] = weakref.WeakKeyDictionary()
 
     def serve(self) -> None:
-        self.broker.on(SEND, self._answer)
+        self.nodes.on(SEND, self._answer)
 
     async def send_to(self, session_id: str, name: str, value: Any, key: str | None = None) -> int:
         if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_KEY):
@@ -102,7 +101,7 @@ class RemoteSends:
         s = self.engine.sessions.get(session_id)
         if s is not None:
             return await self._queue_once(s, name, value, key, SEND_TIMEOUT)
-        home = self.broker.home_of(session_id)
+        home = self.nodes.home_of(session_id)
         if not home:
             raise SessionClosed(f"no session {session_id[:24]!r} (ended, or never was)")
         found = self.registry.match(name)
@@ -114,7 +113,7 @@ class RemoteSends:
             head["key"] = key
         maybe = f"send to {session_id[:24]!r}: may have been delivered"
         try:
-            reply, _ = await self.broker.ask(home, SEND, head, payload, SEND_TIMEOUT + REPLY_GRACE)
+            reply, _ = await self.nodes.ask(home, SEND, head, payload, SEND_TIMEOUT + REPLY_GRACE)
         except Abandoned:  # before NodeGone, its base: the request went out
             raise DeliveryUnknown(f"{maybe} (this node stopped waiting)") from None
         except NodeGone:  # nobody received the request

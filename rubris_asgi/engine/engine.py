@@ -36,15 +36,12 @@ from ..protocol.deflate import Compression, Compressor
 from .buffers import FrameBuffer, WriterPool
 from .channels import Channel, Registry
 from .intake import Intake
+from .membership import Membership, Relay, Relayed
 from .queues import QueueHome, QueueItem, QueueProducers, QueueSettings, QueueSub, QueueTopic
 from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
 from .telemetry import Telemetry
 from .topics import (
-    RELAY_FIRST,
-    RELAY_IF_FOLLOWED,
-    RELAY_PUBLISH,
-    RELAY_TAKEN,
     RING,
     SNAPSHOT,
     PrivateSub,
@@ -70,9 +67,16 @@ class Engine:
         *,
         clock: Callable[[], float] = time.monotonic,
         compressor: Compressor | None = None,
+        on_session_end: Callable[[Session], None] | None = None,
+        on_item_end: Callable[[str, bool], None] | None = None,
     ) -> None:
+        """``on_session_end(session)``: told when a session ends (the app's, to forget it);
+        ``on_item_end(batch_item, failed)``: told when a queue item carrying a batch item ends
+        (batch tracking's hand-over to its store)."""
         self.config = config or Config()
         self.clock = clock
+        self.on_session_end = on_session_end
+        self.on_item_end = on_item_end
         self.pool = WriterPool(self.config.pool)
         self.compression = Compression(compressor)
         self.telemetry = Telemetry()
@@ -96,17 +100,34 @@ class Engine:
         self._numbers = itertools.count(1)
         self.session_prefix = ""
         """What new session ids start with: a distributed broker's node id and mark."""
-        self.relay: Callable[[SharedTopic, bytes, bool, int], int] | None = None
-        """Set by a distributed broker: ``f(topic, payload, compressed, how)`` takes every
-        shared publish to be numbered there (returns 0: the seq is not known yet; ``how``:
-        ``RELAY_PUBLISH``, ``RELAY_FIRST`` or ``RELAY_TAKEN``); the messages come back
-        through :meth:`apply`."""
-        self.on_session_end: Callable[[Session], None] | None = None
-        self.on_item_end: Callable[[str, bool], None] | None = None
-        """Told ``(batch_item, failed)`` when a queue item carrying a batch item ends (set
-        before the first queue topic is made: batch tracking's hand-over to its store)."""
+        self.relay: Relay | None = None
+        """A distributed broker's (from :meth:`join`): every shared publish goes there to be
+        numbered, and comes back through :meth:`apply`."""
         self.queue_home: QueueHome | None = None
-        """Set by a distributed broker: where queue topics keep their waiting items."""
+        """A distributed broker's (from :meth:`join`): where queue topics keep their waiting
+        items."""
+
+    # other nodes (membership.py)
+
+    def join(self, m: Membership) -> None:
+        """Share topics with other nodes through a started broker: its relay numbers every
+        shared publish, its queue home keeps the queues' items (those made already move
+        there)."""
+        self.relay = m.relay
+        self.session_prefix = m.session_prefix
+        self.queue_home = home = m.queue_home
+        if home is not None:
+            for q in self.queues.values():
+                q.home = home
+                home.adopt(q)
+
+    def leave(self) -> None:
+        """Alone again (the broker stopped): publishes numbered here, queue items kept here."""
+        self.relay = None
+        home, self.queue_home = self.queue_home, None
+        for q in self.queues.values():
+            if q.home is home:
+                q.home = None
 
     # sessions
 
@@ -334,7 +355,7 @@ class Engine:
         self.pool.check_size(len(data) + 32)
         relay = self.relay
         if relay is not None:
-            return relay(t, data, compressed, RELAY_PUBLISH if stamp is None else RELAY_TAKEN)
+            return relay(t, data, compressed, Relayed.PUBLISH if stamp is None else Relayed.TAKEN)
         return t.publish(data, compressed, self.clock() if stamp is None else stamp)
 
     def prepare(self, t: SharedTopic, value: Any) -> tuple[bytes, bool]:
@@ -352,7 +373,7 @@ class Engine:
             self.publish(t, value)
             return
         data, compressed = self.prepare(t, value)
-        self.relay(t, data, compressed, RELAY_IF_FOLLOWED)
+        self.relay(t, data, compressed, Relayed.IF_FOLLOWED)
 
     def publish_first(self, t: SharedTopic, value: Any) -> None:
         """Publish a first value: only while ``t`` has no message (a subscribe handler's
@@ -362,7 +383,7 @@ class Engine:
                 self.publish(t, value)
             return
         data, compressed = self.prepare(t, value)
-        self.relay(t, data, compressed, RELAY_FIRST)
+        self.relay(t, data, compressed, Relayed.FIRST)
 
     def apply(self, t: SharedTopic, seq: int, data: bytes, compressed: bool) -> None:
         """Store a message numbered by the broker as ``seq`` (greater than ``t.seq``).

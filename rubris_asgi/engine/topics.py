@@ -29,17 +29,6 @@ RING = int(Mode.RING)
 PRIVATE = int(Mode.PRIVATE)
 
 
-RELAY_PUBLISH = 0
-"""A publish a broker may refuse (``BrokerUnavailable``)."""
-RELAY_FIRST = 1
-"""A first value: numbered only if the topic has no message yet; may be refused."""
-RELAY_TAKEN = 2
-"""A message the intake took earlier: promised, so never refused."""
-RELAY_IF_FOLLOWED = 3
-"""Numbered only if some node follows (or followed) the topic: a change nobody may watch
-(``batch.{id}``) costs the broker no key; may be refused."""
-
-
 def new_epoch() -> int:
     """A fresh epoch: random, so numbering from a restarted server is never mistaken."""
     return secrets.randbits(48) or 1

@@ -72,14 +72,15 @@ class Dispatcher:
         registry: Registry,
         config: Config,
         decompressor: Decompressor | None = None,
+        broker: Broker | None = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
         self.config = config
         self.decompressor = decompressor
-        self.broker: Broker = LocalBroker()
-        """Where shared topics are numbered (set by ``Rubris``): a subscriber's topic is
-        followed there before the subscription reads it."""
+        self.broker: Broker = broker or LocalBroker()
+        """Where shared topics are numbered: a subscriber's topic is followed there before the
+        subscription reads it."""
         self.tasks: set[asyncio.Task[None]] = set()
         self.session_tasks: dict[str, set[asyncio.Task[None]]] = {}
 

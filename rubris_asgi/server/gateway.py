@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
+from ..cluster.base import Broker
+from ..cluster.nodes import NodeLink
 from ..config import Config
 from ..engine.engine import Engine
 from ..engine.session import Session
@@ -49,12 +51,18 @@ class Gateway:
         dispatcher: Dispatcher,
         config: Config,
         *,
+        broker: Broker,
+        nodes: NodeLink,
         authenticate: Authenticate | None = None,
         allowed_origins: Iterable[str] = (),
     ) -> None:
         self.engine = engine
         self.dispatcher = dispatcher
         self.config = config
+        self.broker = broker
+        """Where shared topics are numbered (alone: here)."""
+        self.nodes = nodes
+        """Requests to the node that holds a session (alone: nobody to ask)."""
         self._authenticate = authenticate
         self.allowed_origins = frozenset(allowed_origins)
 

@@ -28,7 +28,7 @@ from .quiet_log import QuietPolls
 FRAME_HEADER = "Rubris-Frame"
 _OCTETS = "application/octet-stream"
 OPEN, POST, POLL = "lp.open", "lp.post", "lp.poll"
-"""The requests a node forwards to the node of a long-poll session (``Broker.ask``)."""
+"""The requests a node forwards to the node of a long-poll session (``NodeLink.ask``)."""
 FORWARD_TIMEOUT = 10.0
 """Seconds a forwarded HELLO or client frame may take on the session's node."""
 FORWARD_SLACK = 5.0
@@ -189,13 +189,13 @@ class LongPollTransport:
 
     def _elsewhere(self, sid: str) -> str:
         """The node ``sid`` lives on when that is another one ("" for this one, or alone)."""
-        return self.gateway.dispatcher.broker.home_of(sid)
+        return self.gateway.nodes.home_of(sid)
 
     async def _forward(self, node: str, op: str, head: Head, body: bytes) -> Answer:
         timing = self.gateway.config.timing
         timeout = timing.poll_timeout + FORWARD_SLACK if op == POLL else FORWARD_TIMEOUT
         try:
-            reply, data = await self.gateway.dispatcher.broker.ask(node, op, head, body, timeout)
+            reply, data = await self.gateway.nodes.ask(node, op, head, body, timeout)
         except NodeGone:
             return Answer(404, b"unknown or ended session: its server is gone")
         except (BrokerUnavailable, asyncio.TimeoutError, RuntimeError) as exc:
@@ -204,10 +204,10 @@ class LongPollTransport:
 
     def serve_forwarded(self) -> None:
         """Answer the long-poll requests other nodes forward to this one."""
-        broker = self.gateway.dispatcher.broker
-        broker.on(OPEN, self._forwarded_open)
-        broker.on(POST, self._forwarded_post)
-        broker.on(POLL, self._forwarded_poll)
+        nodes = self.gateway.nodes
+        nodes.on(OPEN, self._forwarded_open)
+        nodes.on(POST, self._forwarded_post)
+        nodes.on(POLL, self._forwarded_poll)
 
     async def _forwarded_open(self, head: Head, body: bytes) -> tuple[Head, bytes]:
         gateway = self.gateway

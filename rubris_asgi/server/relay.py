@@ -12,7 +12,7 @@ time, as a WebSocket, sent with ``ws.out`` and done when the entry has written i
 socket, so a slow client holds back its session exactly as on its own node; a client that
 blocks a write past ``WriterConfig.max_blocked`` is cut. On the entry node a ``Relay`` reads
 the client's frames and hands each to the home with ``ws.in``, in order. Requests between the
-two (``Broker.ask``):
+two (``NodeLink.ask``):
 
 - ``ws.open`` (entry to home): the HELLO frame; the answer is the WELCOME, or 404 when the home
   does not hold the session (the entry then opens a new one itself).
@@ -38,7 +38,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..cluster.base import Broker, Head, NodeGone
+from ..cluster.nodes import Head, NodeGone, NodeLink
 from ..engine.buffers import FrameBuffer
 from ..engine.session import Session, SessionState
 from ..errors import BrokerUnavailable, ProtocolError
@@ -74,12 +74,12 @@ class Relays:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
-    def broker(self) -> Broker:
-        return self.gateway.dispatcher.broker
+    def nodes(self) -> NodeLink:
+        return self.gateway.nodes
 
     def serve(self) -> None:
         """Answer the requests of the other nodes (both ends)."""
-        b = self.broker
+        b = self.nodes
         b.on(OPEN, self._open)
         b.on(READY, self._ready)
         b.on(IN, self._in)
@@ -93,7 +93,7 @@ class Relays:
         task.add_done_callback(self._tasks.discard)
 
     async def ask(self, node: str, op: str, head: Head, body: bytes = b"") -> Head:
-        reply, _ = await self.broker.ask(node, op, head, body, ASK_TIMEOUT)
+        reply, _ = await self.nodes.ask(node, op, head, body, ASK_TIMEOUT)
         return reply
 
     # the entry's side
@@ -101,10 +101,10 @@ class Relays:
     async def carry(self, ws: WebSocket, node: str, frame: bytes, owner_tag: str) -> bool:
         """Carry ``ws`` for the session its HELLO (``frame``) resumes on ``node``. False when
         that node does not hold it (nothing was sent on ``ws``): the caller opens a session."""
-        conn = f"{self.broker.node}:{next(self._ids)}"
-        head = {"key": owner_tag, "via": self.broker.node, "conn": conn}
+        conn = f"{self.nodes.node}:{next(self._ids)}"
+        head = {"key": owner_tag, "via": self.nodes.node, "conn": conn}
         try:
-            reply, welcome = await self.broker.ask(node, OPEN, head, frame, ASK_TIMEOUT)
+            reply, welcome = await self.nodes.ask(node, OPEN, head, frame, ASK_TIMEOUT)
         except FAILED:
             return False
         if reply.get("status") != 200:
@@ -259,7 +259,7 @@ class RemoteSink:
         limit = relays.gateway.config.writer.max_blocked
         gone = blocked = False
         try:
-            reply, _ = await relays.broker.ask(self.via, OUT, {"conn": self.conn}, frame, limit)
+            reply, _ = await relays.nodes.ask(self.via, OUT, {"conn": self.conn}, frame, limit)
             gone = bool(reply.get("gone"))
         except asyncio.TimeoutError:
             blocked = True  # the client has not taken the frame for max_blocked

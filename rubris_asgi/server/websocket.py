@@ -42,12 +42,12 @@ class WebSocketTransport:
     Raw ASGI rather than a Starlette endpoint, so that frames can use the raw ``send``.
     """
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, relays: Relays | None = None) -> None:
         self.gateway = gateway
         self.connections: set[WebSocketConnection] = set()
-        self.relays: Relays | None = None
+        self.relays = relays
         """With several nodes: connections that resume another node's session are carried
-        to it (set by the app)."""
+        to it."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await WebSocketConnection(self, scope, receive, send).run()
@@ -283,7 +283,7 @@ class WebSocketConnection:
         frame = self._frame_bytes(msg)
         msgs = gateway.decode_client_frame(frame)
         relays = self.transport.relays
-        home = gateway.dispatcher.broker.home_of(resumed_id(msgs))
+        home = gateway.nodes.home_of(resumed_id(msgs))
         if home and relays is not None:
             if await relays.carry(self.ws, home, frame, gateway.owner_tag(user)):
                 return False

@@ -51,19 +51,13 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ...engine.engine import Engine
-from ...engine.topics import (
-    RELAY_FIRST,
-    RELAY_IF_FOLLOWED,
-    RELAY_TAKEN,
-    RING,
-    SharedTopic,
-    new_epoch,
-)
+from ...engine.membership import EngineEvents, Membership, Relayed
+from ...engine.topics import RING, SharedTopic, new_epoch
 from ...errors import BrokerUnavailable
-from ..base import SESSION_MARK, Broker, BrokerStats, Head, MaybeSent
+from ..base import Broker, BrokerStats
+from ..nodes import SESSION_MARK, MaybeSent
 from . import broker_lua as redis_scripts
-from .nodes import DOWN, NodeLink
+from .nodes import DOWN, RedisNodeLink
 from .persistence import Persistence, read_persistence, require_durable
 from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, PoolBusy, check_pool, connect
 from .queues import RedisQueues
@@ -83,7 +77,7 @@ that a node takes publishes again within a quarter of a second of Redis answerin
 on a Redis that is away costs a refused connection."""
 
 _JOINING, _LIVE = 0, 1
-_CONDITION = {RELAY_FIRST: 1, RELAY_IF_FOLLOWED: 2}
+_CONDITION: dict[int, int] = {Relayed.FIRST: 1, Relayed.IF_FOLLOWED: 2}
 """The publish script's condition for each kind of relayed publish (redis_scripts.PUBLISH)."""
 
 
@@ -186,9 +180,9 @@ class RedisBroker(Broker):
         self._warned: set[str] = set()
         self._channel = (prefix + "c:").encode()
         self.node = secrets.token_hex(6)
-        self.link = NodeLink(prefix, self.node, self._publish_raw)
+        self.nodes = self.link = RedisNodeLink(prefix, self.node, self._publish_raw)
         self._batches = itertools.count(1)
-        self._engine: Engine | None = None
+        self._events: EngineEvents | None = None
         self._redis: aioredis.Redis | None = None
         self._pubsub: Any = None
         self._following: dict[str, _Follow] = {}
@@ -213,8 +207,8 @@ class RedisBroker(Broker):
 
     # life
 
-    async def start(self, engine: Engine) -> None:
-        self._engine = engine
+    async def start(self, events: EngineEvents) -> Membership:
+        self._events = engine = events
         # no retries inside redis-py: a lost connection must reach this code, which then
         # subscribes again and reads what it missed (redis-py would resubscribe silently)
         self._redis = connect(
@@ -246,17 +240,15 @@ class RedisBroker(Broker):
         self._history_script = self._redis.register_script(redis_scripts.HISTORY)
         self._pubsub = await self._open_pubsub()
         await self.queues.start(engine)
-        engine.relay = self.relay
-        engine.session_prefix = self.node + SESSION_MARK
         self._tasks = [
             asyncio.create_task(self._write_loop(), name="rubris-broker-writer"),
             asyncio.create_task(self._read_loop(), name="rubris-broker-reader"),
         ]
+        return Membership(self.relay, self.node + SESSION_MARK, self.queues)
 
     async def stop(self, flush: float = 5.0) -> None:
-        """Send what waits, for at most ``flush`` seconds, then disconnect."""
-        if self._engine is not None:
-            self._engine.relay = None
+        """Send what waits, for at most ``flush`` seconds, then disconnect (the engine leaves
+        after: publishes meanwhile still go out, if the flush has time)."""
         if self._redis is not None:
             await self.queues.stop(flush)
         if self._outbox:
@@ -303,21 +295,6 @@ class RedisBroker(Broker):
         ps = self._pubsub
         if ps is not None and not self._reader_down:
             self.background(self._quietly(ps.subscribe(key)))
-
-    def batch_store(self) -> Any:
-        """Batches in the same Redis, under the same prefix: every node sees every batch.
-        Made for every app with this broker (``Rubris(batches=True)``), used by few: a Redis
-        that would lose them is refused at the first batch opened, not at start."""
-        from .batch_store import RedisBatchStore
-
-        return RedisBatchStore(
-            self.url,
-            prefix=self.prefix,
-            max_connections=self.max_connections,
-            pool_timeout=self.pool_timeout,
-            allow_volatile=self.allow_volatile,
-            check_at_start=False,
-        )
 
     def holds(self, what: str = "work-queue items") -> None:
         """Declare, before ``start``, that ``what`` will be kept in this Redis (the app does
@@ -392,8 +369,9 @@ class RedisBroker(Broker):
         )
 
     def relay(self, topic: SharedTopic, payload: bytes, compressed: bool, how: int) -> int:
-        """``engine.relay``: into the outbox, or ``BrokerUnavailable``; returns 0."""
-        if how != RELAY_TAKEN and not self.accepting(1, len(payload)):
+        """The relay the engine joins (``Membership``): into the outbox, or ``BrokerUnavailable``;
+        returns 0."""
+        if how != Relayed.TAKEN and not self.accepting(1, len(payload)):
             self._refuse(1, len(payload))
         self._put(_Entry(topic, payload, compressed, _CONDITION.get(how, 0), None))
         return 0
@@ -530,7 +508,7 @@ class RedisBroker(Broker):
 
     def _settle(self, f: _Follow, answer: list[Any]) -> bool:
         """Store what the history answered, then what was held; False if a hole remains."""
-        engine = self._engine
+        engine = self._events
         assert engine is not None
         t = f.topic
         epoch = int(answer[0])
@@ -557,7 +535,7 @@ class RedisBroker(Broker):
         return True
 
     def _restart(self, t: SharedTopic, epoch: int) -> None:
-        engine = self._engine
+        engine = self._events
         assert engine is not None
         if t.seq or t.subs:
             self.counters.restarted += 1
@@ -591,7 +569,7 @@ class RedisBroker(Broker):
         self.background(self._repair(f))
 
     def _store(self, t: SharedTopic, seq: int, payload: bytes, compressed: bool) -> None:
-        engine = self._engine
+        engine = self._events
         assert engine is not None
         engine.apply(t, seq, payload, compressed)
         self.counters.received += 1
@@ -625,18 +603,7 @@ class RedisBroker(Broker):
         await ps.subscribe(self.link.channel, *self._listening)
         return ps
 
-    # between nodes
-
-    def on(self, op: str, handler: Any) -> None:
-        self.link.on(op, handler)
-
-    async def ask(
-        self, node: str, op: str, head: Head, body: bytes, timeout: float
-    ) -> tuple[Head, bytes]:
-        try:
-            return await self.link.ask(node, op, head, body, timeout)
-        except DOWN as exc:  # not from _publish_raw, which says how far it went: it may have
-            raise MaybeSent(f"Redis failed while asking node {node}: {exc}") from exc
+    # between nodes (the node link's requests go out here)
 
     async def _publish_raw(self, channel: str, message: bytes) -> int:
         """PUBLISH a message to another node (a request or a reply); how many received it.

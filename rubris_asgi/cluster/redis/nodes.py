@@ -1,4 +1,5 @@
-"""``NodeLink``: requests from one node to another through Redis pub/sub; and what every user of
+"""``RedisNodeLink``: requests from one node to another through Redis pub/sub; and what every
+user of
 Redis here shares: ``DOWN``, what a lost Redis raises (``RedisBroker.until_answered`` retries
 a call on it).
 
@@ -26,7 +27,7 @@ import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..base import Abandoned, Head, NodeGone, NoReply
+from ..nodes import Abandoned, Handler, Head, MaybeSent, NodeGone, NodeLink, NoReply
 
 log = logging.getLogger("rubris_asgi.broker")
 
@@ -35,16 +36,15 @@ DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
 through). Not ``OSError`` as a whole: since Python 3.11 ``asyncio.TimeoutError`` is the
 builtin ``TimeoutError``, an ``OSError``, and a wait of ours that timed out (a reply from
 another node) is no sign that Redis is away."""
-Handler = Callable[[Head, bytes], Awaitable[tuple[Head, bytes]]]
 Publish = Callable[[str, bytes], Awaitable[int]]
 """``f(channel, message)``: publish on Redis; how many subscribers received it."""
 
 
-class NodeLink:
-    """One node's end: it asks other nodes, and answers what they ask it."""
+class RedisNodeLink(NodeLink):
+    """One node's end: it asks other nodes, and answers what they ask it, through Redis."""
 
     def __init__(self, prefix: str, node: str, publish: Publish) -> None:
-        self.node = node
+        super().__init__(node)
         self.prefix = prefix
         self.channel = (prefix + "n:" + node).encode()
         self._publish = publish
@@ -61,9 +61,17 @@ class NodeLink:
         self, node: str, op: str, head: Head, body: bytes, timeout: float
     ) -> tuple[Head, bytes]:
         """Ask ``node`` and wait for its reply. Raises ``NodeGone`` (nobody received it), what
-        the publish raises (``Broker.ask`` says what each means), ``NoReply`` (sent, no reply
+        the publish raises (``NodeLink.ask`` says what each means), ``NoReply`` (sent, no reply
         within ``timeout``), ``Abandoned`` (this node stopped meanwhile), or ``RuntimeError``
         with the other node's error."""
+        try:
+            return await self._ask(node, op, head, body, timeout)
+        except DOWN as exc:  # not from the publish, which says how far it went: it may have
+            raise MaybeSent(f"Redis failed while asking node {node}: {exc}") from exc
+
+    async def _ask(
+        self, node: str, op: str, head: Head, body: bytes, timeout: float
+    ) -> tuple[Head, bytes]:
         rid = next(self._rids)
         fut: asyncio.Future[tuple[Head, bytes]] = asyncio.get_running_loop().create_future()
         self._asks[rid] = fut

@@ -39,6 +39,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -53,7 +54,7 @@ from .nodes import DOWN
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from ...engine.engine import Engine
+    from ...engine.membership import EngineEvents
 
 log = logging.getLogger("rubris_asgi.broker")
 
@@ -158,7 +159,8 @@ class RedisQueues:
         """Items taken from Redis for this node's consumers."""
         self.reclaimed = 0
         """Items of dead nodes this node gave back to their queues."""
-        self._engine: Engine | None = None
+        self._clock: Callable[[], float] = time.monotonic
+        self._started = False
         self._views: dict[str, _View] = {}
         self._puts: deque[tuple[QueueTopic, QueueItem, bytes]] = deque()
         self._settles: deque[tuple[bytes, ...]] = deque()
@@ -179,24 +181,19 @@ class RedisQueues:
 
     # life
 
-    async def start(self, engine: Engine) -> None:
+    async def start(self, events: EngineEvents) -> None:
+        """Join the nodes' table; the queues come through ``adopt`` (``Engine.join``)."""
         redis = self.broker.redis
         for name in ("ENQUEUE", "TAKE", "SETTLE", "BEAT", "AUDIT"):
             self._scripts[name] = redis.register_script(getattr(scripts, name))
-        self._engine = engine
+        self._clock = events.clock
         try:  # this node in the table of live nodes, and a first look for dead ones
             await self._scripts["BEAT"](
                 args=[self.prefix, self.node, self.lapse_ms, "0", self.pause_ms]
             )
         except DOWN as exc:
             raise BrokerUnavailable(f"cannot reach Redis at start: {exc}") from exc
-        engine.queue_home = self
-        for q in engine.queues.values():  # made before the start: their items move to Redis
-            q.home = self
-            self.adopt(q)
-            early, q.ready = list(q.ready), deque()
-            for item in early:
-                self._send(q, item)
+        self._started = True
         self._tasks = [
             asyncio.create_task(self._write_loop(), name="rubris-queues-writer"),
             asyncio.create_task(self._take_loop(), name="rubris-queues-taker"),
@@ -206,10 +203,9 @@ class RedisQueues:
     async def stop(self, flush: float) -> None:
         """Give back what this node took, send what waits (for at most ``flush`` seconds),
         leave the nodes' table and stop."""
-        engine = self._engine
-        if engine is None:
+        if not self._started:
             return
-        for q in engine.queues.values():
+        for q in [v.q for v in self._views.values()]:
             if q.home is self and q.ready:
                 back, q.ready = list(q.ready), deque()
                 self.settle(q, back, q, True)
@@ -230,11 +226,7 @@ class RedisQueues:
             await asyncio.wait_for(
                 self._call("BEAT", [self.prefix, self.node, self.lapse_ms, "1"]), flush
             )
-        engine.queue_home = None
-        for q in engine.queues.values():
-            if q.home is self:
-                q.home = None
-        self._engine = None
+        self._started = False  # the engine leaves next: its queues keep their items again
 
     @property
     def down(self) -> bool:
@@ -253,6 +245,9 @@ class RedisQueues:
         if q.name not in self._views:
             self._views[q.name] = _View(q)
             self.broker.listen(self.prefix + "qc:" + q.name, functools.partial(self.heard, q.name))
+        early, q.ready = list(q.ready), deque()  # made before the start: its items move home
+        for item in early:
+            self._send(q, item)
 
     def free(self, q: QueueTopic) -> int:
         v = self._views[q.name]
@@ -458,10 +453,8 @@ class RedisQueues:
                 self.broker.background(self._take(q, v))
 
     async def _take(self, q: QueueTopic, v: _View) -> None:
-        engine = self._engine
-        assert engine is not None
         args = [self.prefix, self.node, str(next(self._takes)), q.name, v.taking]
-        began = engine.clock()
+        began = self._clock()
         try:
             answer = await self._call("TAKE", args)
         except Exception:
@@ -470,7 +463,7 @@ class RedisQueues:
         finally:
             v.taking = 0
         self.heard(q.name, answer[0])
-        now = engine.clock()
+        now = self._clock()
         v.rtt += 0.25 * (now - began - v.rtt)
         fresh = []
         for record in answer[1:]:
@@ -532,9 +525,8 @@ class RedisQueues:
                 for v in views:
                     acked = v.q.stats.acked
                     v.rate, v.acked = (acked - v.acked) / BEAT, acked
-                engine = self._engine
-                if engine is not None and engine.clock() - self._audited >= AUDIT:
-                    self._audited = engine.clock()
+                if self._started and self._clock() - self._audited >= AUDIT:
+                    self._audited = self._clock()
                     for v in views:
                         await self._audit(v)
                 if views:

@@ -8,15 +8,12 @@ receives.
 
 from __future__ import annotations
 
-import functools
 import hmac
 import itertools
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
-
-import orjson
 
 from ..config import Config
 from ..errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
@@ -27,17 +24,17 @@ from ..protocol import (
     Goodbye,
     Mode,
     Rejected,
-    Revoke,
     Subscribed,
     Unsubscribed,
     encode,
 )
 from ..protocol.deflate import Compression, Compressor
 from .buffers import FrameBuffer, WriterPool
-from .channels import Channel, Registry
+from .channels import Channel
 from .intake import Intake
 from .membership import Membership, Relay, Relayed
-from .queues import QueueHome, QueueItem, QueueProducers, QueueSettings, QueueSub, QueueTopic
+from .queues import QueueHome, QueueSub, QueueTopic
+from .queues.operations import ITEM_HEADER, QueueOperations
 from .scheduler import Scheduler
 from .session import FrameSink, Session, SessionState
 from .telemetry import Telemetry
@@ -51,14 +48,11 @@ from .topics import (
     new_epoch,
 )
 
-JSON = int(Codec.JSON)
 PARKED = 1 << 62
 """A ring cursor held while its session resumes: past any head, so nothing is sent."""
-ITEM_HEADER = 48
-"""An ITEM's bytes besides its payload, at most: kind, length, topic, tag, attempt."""
 
 
-class Engine:
+class Engine(QueueOperations):
     """Sessions, shared topics and private queues, driven by one scheduler."""
 
     def __init__(
@@ -545,201 +539,6 @@ class Engine:
                 for item in done:
                     if item.batch_item is not None:
                         ended(item.batch_item, False)
-
-    # queue topics
-
-    def queue_of(self, name: str, ch: Channel, registry: Registry) -> QueueTopic:
-        """The queue topic ``name`` of channel ``ch``, created (with its dead-letter queue,
-        found through ``registry``) on first use."""
-        q = self.queues.get(name)
-        if q is not None:
-            return q
-        settings = ch.queue_settings or QueueSettings()
-        if len(self.topics) + len(self.queues) >= self.config.limits.max_topics:
-            raise ProtocolError("too many topics on this server", ErrorCode.TOO_MANY)
-        q = QueueTopic(
-            name,
-            next(self._numbers),
-            epoch=new_epoch(),
-            codec=ch.codec,
-            settings=settings,
-            compress_at=ch.compress_at,
-            on_dirty=self.scheduler.queue_dirty,
-        )
-        q.on_item_end = self.on_item_end
-        self.queues[name] = q
-        if self.queue_home is not None:
-            q.home = self.queue_home
-            q.home.adopt(q)
-        dl = settings.dead_letter
-        if dl is not None and dl != name:
-            found = registry.match(dl)
-            if found is None or found[0].mode != Mode.QUEUE:
-                raise ValueError(f"queue {name!r}: dead_letter {dl!r} is not a queue topic")
-            q.dead_letter = self.queue_of(dl, found[0], registry)
-        return q
-
-    def enqueue(
-        self,
-        q: QueueTopic,
-        value: Any,
-        item_id: str | None = None,
-        batch_item: str | None = None,
-    ) -> bool:
-        """Add one item, O(1): False when ``item_id`` is a duplicate (nothing added); raises
-        ``QueueFull`` at the queue's ``max_length`` and ``MessageTooLarge`` over the maximum."""
-        ready = q.ready
-        if len(ready) >= q.settings.max_length:
-            raise QueueFull(f"queue {q.name!r} is full ({q.settings.max_length} waiting)")
-        # the producer's hot path: encode once, deflate only from the threshold, size-check
-        # only what could be too large (each a call saved on the common small item)
-        kind = type(value)
-        if kind is bytes:
-            payload = value
-        elif q.codec == JSON and kind is not bytearray and kind is not memoryview:
-            payload = orjson.dumps(value)  # what encode_payload does for these, one call less
-        else:
-            payload = encode_payload(value, q.codec)
-        at = q.compress_at
-        if at is not None and len(payload) >= at:
-            payload, compressed = self.compression.maybe_compress(payload, at)
-        else:
-            compressed = False
-        if len(payload) > self._item_max:
-            self.check_item(len(payload))
-        now = self.clock()
-        if item_id is not None and q.duplicate(item_id, now):
-            return False
-        item = QueueItem(payload, compressed, item_id, now, batch_item)
-        if q.home is not None:
-            q.home.put(q, item)  # shared by several nodes: the item waits there
-            return True
-        ready.append(item)
-        q.stats.enqueued += 1
-        if not q.dirty and q.consumers:
-            q.dirty = True
-            self.scheduler.queue_dirty(q)
-        return True
-
-    def producers_of(self, q: QueueTopic) -> QueueProducers:
-        """The sessions that PUBLISH items to ``q`` and the FLOW they were told, made at the
-        first client PUBLISH (in-process ``enqueue`` has nobody to tell and never needs it)."""
-        p = q.producers
-        if p is None:
-            home = q.home
-            if home is None:
-                ready = q.ready  # never replaced on a queue without a home
-                waiting: Callable[[], int] = ready.__len__
-            else:
-                waiting = functools.partial(home.waiting, q)
-            p = q.producers = QueueProducers(
-                q.settings.max_length,
-                waiting,
-                flow=functools.partial(self._send_queue_flow, q),
-                clock=self.clock,
-            )
-        return p
-
-    def _send_queue_flow(self, q: QueueTopic, fill: int, publishers: list[Any]) -> None:
-        """FLOW(fill of ``q``) to the sessions that PUBLISHed items to it lately."""
-        q.stats.flows += len(publishers)
-        self._send_flow(fill, publishers)
-
-    def check_item(self, size: int) -> None:
-        """Raise ``MessageTooLarge`` for a queue item of ``size`` bytes no frame could carry."""
-        self.pool.check_size(size + ITEM_HEADER)
-
-    def plan_items(
-        self, entries: list[tuple[QueueTopic, bytes, str | None, str | None]]
-    ) -> list[bool] | None:
-        """Which of ``entries`` ``offer_items`` would enqueue now (False: a duplicate by its
-        id, within the queue's dedup window or earlier in ``entries``), or None when a queue
-        has no room for its new items. Changes nothing."""
-        now = self.clock()
-        fresh: dict[QueueTopic, int] = {}
-        seen: set[tuple[int, str]] = set()
-        plan: list[bool] = []
-        for q, _payload, item_id, _batch_item in entries:
-            if item_id is not None:
-                key = (q.number, item_id)
-                if key in seen or q.ids.check(item_id, now):
-                    plan.append(False)
-                    continue
-                seen.add(key)
-            plan.append(True)
-            fresh[q] = fresh.get(q, 0) + 1
-        if not all(q.room(n) for q, n in fresh.items()):
-            return None
-        return plan
-
-    def offer_items(
-        self, entries: list[tuple[QueueTopic, bytes, str | None, str | None]]
-    ) -> list[int] | None:
-        """Enqueue encoded items from outside the process, all of them or none.
-
-        Items whose id a queue saw within its dedup window (or earlier in ``entries``) are not
-        enqueued again. Returns the indexes of such duplicates in ``entries``, or None (nothing
-        taken) when a queue has no room for its new items. Payload sizes were checked by the
-        caller.
-        """
-        if self.plan_items(entries) is None:
-            return None
-        now = self.clock()
-        duplicates: list[int] = []
-        for i, (q, payload, item_id, batch_item) in enumerate(entries):
-            if q.duplicate(item_id, now):
-                duplicates.append(i)
-                continue
-            data, compressed = self.compression.maybe_compress(payload, q.compress_at)
-            q.put(QueueItem(data, compressed, item_id, now, batch_item))
-        return duplicates
-
-    def subscribe_queue(
-        self, s: Session, q: QueueTopic, req: int, prefetch: int | None = None
-    ) -> QueueSub:
-        """Make ``s`` a consumer of ``q`` (``prefetch`` fixes its own), answer SUBSCRIBED."""
-        sub = s.subs.get(q.number)
-        if sub is None:
-            self._check_room(s)
-            sub = QueueSub(s, q, prefetch)
-            s.subs[q.number] = sub
-            s.names[q.name] = sub
-            q.consumers.append(sub)
-        if not isinstance(sub, QueueSub):
-            raise ProtocolError(f"{q.name!r} is not a queue topic", ErrorCode.UNKNOWN)
-        sub.live = s.sink is not None and s.state is SessionState.CONNECTED
-        self.direct(
-            s, encode(Subscribed(req, q.number, Mode.QUEUE, q.codec, q.epoch, 0, False, q.name))
-        )
-        q.touch()
-        return sub
-
-    def nack(self, s: Session, number: int, tag: int, requeue: bool) -> None:
-        sub = s.subs.get(number)
-        if isinstance(sub, QueueSub):
-            sub.nack(tag, requeue)
-
-    def queue_tick(self) -> None:
-        """Server-side CoDel and round-trip probes of every consumer: REVOKE what it takes
-        back. The runtime calls it every few milliseconds while there are consumers."""
-        now = self.clock()
-        for q in self.queues.values():
-            if q.home is not None and q.producers is not None:
-                q.producers.check()  # its length heard from Redis: other nodes' takes too
-            if not q.active:
-                continue
-            for c in list(q.active):  # only consumers with deliveries out, or just after
-                tag = c.tick(now)
-                if tag:
-                    self.direct(c.session, encode(Revoke.of(c.number, (tag,))))
-                elif c.idle():
-                    del q.active[c]
-
-    def _give_back_queues(self, s: Session, lost: bool) -> None:
-        for sub in s.subs.values():
-            if isinstance(sub, QueueSub):
-                sub.live = False
-                sub.give_back(lost)
 
     # unsubscribe
 

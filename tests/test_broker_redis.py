@@ -16,7 +16,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from rubris_asgi import BrokerUnavailable, ProtocolError, Rubris, SessionClosed
+from rubris_asgi import BrokerUnavailable, ProtocolError, Rubris, Session, SessionClosed
 from rubris_asgi.client import Client, SubscribeRejected
 from rubris_asgi.cluster import RedisBroker
 from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
@@ -50,11 +50,18 @@ async def until(cond: Any, what: str, timeout: float = 5.0) -> None:
 
 @contextlib.asynccontextmanager
 async def nodes(url: str, n: int = 2, **broker: Any) -> AsyncIterator[list[tuple[Rubris, str]]]:
-    """``n`` nodes sharing the Redis at ``url``: (rubris, base URL) each."""
+    """``n`` nodes sharing the Redis at ``url``: (rubris, base URL) each. Besides tests/apps.py's
+    channels, ``log.{name}``: a ring of 64, for runs that must not lap a slow client."""
     rubrises = [
         make_rubris(broker=RedisBroker(url, **broker), api_token=TOKEN, batches=False)
         for _ in range(n)
     ]
+    for r in rubrises:
+
+        @r.shared("log.{name}", ring=64)
+        async def log(session: Session, name: str) -> None:
+            return None
+
     async with contextlib.AsyncExitStack() as stack:
         bases = [await stack.enter_async_context(run_server(starlette_app(r))) for r in rubrises]
         yield list(zip(rubrises, bases, strict=True))
@@ -319,12 +326,16 @@ async def test_long_poll_without_sticky_routing_loses_nothing(url: str) -> None:
         async with Balancer([base_a, base_b], rotate=True) as lb:
             fresh = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
             async with Client(lb.base + "/rubris", transport="longpoll", http_transport=fresh) as c:
-                _, got = await collect(c, "ring.lp")
+                # a ring that holds the whole run: with ring.* (8) a long-poll client, which
+                # takes one message of a topic per poll (protocol section 5) and here polls
+                # through Redis half the time, was lapped under load and told so by a GAP (1 in
+                # 6 runs): what the protocol promises, but not what this test is about
+                _, got = await collect(c, "log.lp")
                 inbox, private = await collect(c, "inbox")
                 owner = a if c.session_id in a.engine.sessions else b
                 session = owner.engine.sessions[c.session_id]  # type: ignore[index]
                 for i in range(40):
-                    (a if i % 2 else b).publish("ring.lp", i)
+                    (a if i % 2 else b).publish("log.lp", i)
                     await owner.send(session, "inbox", {"n": i})  # inbox keeps 16 unacked
                     await asyncio.sleep(0.01)
                 await until(lambda: len(got) == 40 and len(private) == 40, "everything", 20)
@@ -338,7 +349,7 @@ async def test_long_poll_without_sticky_routing_loses_nothing(url: str) -> None:
                 assert [v for _, v in got if not v % 2] == list(range(0, 40, 2))
                 assert [v["n"] for _, v in private] == list(range(40))
                 assert min(lb.connections) >= 10  # both nodes took many of the requests
-                assert c.stats.reconnects == 0
+                assert c.stats.reconnects == 0 and c.stats.gaps == 0
 
 
 async def test_a_long_poll_resume_and_polls_on_the_other_node(url: str) -> None:

@@ -8,6 +8,7 @@ disagree. A module's floor is its first folder under rubris_asgi/ (or its file, 
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -175,6 +176,20 @@ def test_aliases_hold_no_code_and_nothing_imports_them() -> None:
         if module not in ALIASES:
             used = GRAPH[module][0] & ALIASES
             assert not used, f"{module} imports the old path {sorted(used)}"
+
+
+@pytest.mark.parametrize(
+    "alias",
+    [  # the Redis batch store's old path loads redis-py
+        pytest.param(a, marks=pytest.mark.redis) if "redis" in a else a for a in sorted(ALIASES)
+    ],
+)
+def test_an_old_path_gives_the_same_objects_as_the_new(alias: str) -> None:
+    old = importlib.import_module(alias)
+    new_path = next(row[1] for row in _rows("Old paths") if row[0].strip("`") == alias)
+    new = importlib.import_module(new_path.split("`")[1])
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(new, name), f"{alias}.{name}"
 
 
 @pytest.mark.parametrize("module", sorted(set(MODULES) - ALIASES))

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from rubris_asgi.batches import redis_store
 from rubris_asgi.batches.bits import CHUNK_BITS, CHUNK_BYTES
 from rubris_asgi.batches.ids import ItemRef
 from rubris_asgi.batches.store import BatchStore, MemoryBatchStore
 from rubris_asgi.batches.tracker import BatchStatus, State
+from rubris_asgi.cluster.redis import batch_store as redis_store
 from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
 from rubris_asgi.config import BatchConfig
 from rubris_asgi.errors import BatchError, UnknownBatch

@@ -5,14 +5,14 @@ with persistence (``appendonly yes``) so that a restart keeps every topic's numb
 
 **Publishing.** A shared publish is encoded and compressed once, on the node where it is made,
 and joins this node's *outbox*; one task sends the outbox in batches, each batch one script
-(``redis_scripts.PUBLISH``) that numbers every message atomically (the same seq and epoch for
+(``broker_lua.PUBLISH``) that numbers every message atomically (the same seq and epoch for
 every node), keeps it in the topic's ring or snapshot in Redis and publishes it on the topic's
 channel. A batch whose answer was lost with the connection is sent again under the same id,
 and Redis answers it from the first run: nothing is numbered twice. ``publish`` never waits:
 it returns 0, the seq being Redis's to give (``Rubris.publish_async`` waits for it).
 
 **Hearing.** A node *follows* a topic while it has subscribers to it: it subscribes to the
-topic's channel, then reads the topic's state (``redis_scripts.HISTORY``: epoch, seq, ring or
+topic's channel, then reads the topic's state (``broker_lua.HISTORY``: epoch, seq, ring or
 snapshot) into its own ``SharedTopic``; from then on every message of the channel is stored
 there (``engine.apply``) and reaches its subscribers through the scheduler as any publish
 does. A ring must hold every seq from its oldest to its head, so a message that skips some
@@ -27,61 +27,51 @@ missed. A topic Redis lost (restarted without persistence) comes back under a ne
 subscribers get UNSUBSCRIBED 11 and subscribe again, recovered=0.
 
 **Work queues.** Queue topics keep their waiting items in the same Redis, for the consumers
-of every node: redis_queues.py.
+of every node: queues.py.
 
-Bounds: the outbox holds at most ``outbox_messages`` publishes and ``outbox_bytes`` of payload
-(a publish beyond is refused; messages the intake already took are always kept, the intake
-being bounded itself); a topic catching up keeps at most its ring's worth of new messages.
+Bounds: the outbox (outbox.py) holds at most ``outbox_messages`` publishes and ``outbox_bytes``
+of payload (a publish beyond is refused; messages the intake already took are always kept, the
+intake being bounded itself); a topic catching up keeps at most its ring's worth of new messages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import secrets
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...engine.membership import EngineEvents, Membership, Relayed
 from ...engine.topics import RING, SharedTopic, new_epoch
 from ...errors import BrokerUnavailable
 from ..base import Broker, BrokerStats
-from ..nodes import SESSION_MARK, MaybeSent
-from . import broker_lua as redis_scripts
+from ..nodes import SESSION_MARK
+from . import broker_lua
 from .nodes import DOWN, RedisNodeLink
+from .outbox import Entry, Outbox
 from .persistence import Persistence, read_persistence, require_durable
 from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, PoolBusy, check_pool, connect
 from .queues import RedisQueues
+from .reach import RETRY, Reach
 
 log = logging.getLogger("rubris_asgi.broker")
 
-BATCH = 256
-"""Publishes in one script call at most: one call blocks Redis for well under a millisecond."""
 IDLE_FOLLOW = 30.0
 """Seconds a followed topic stays followed without subscribers (a page reload comes back)."""
 REFRESH = 60.0
 """Seconds between refreshes of the followed topics' expiry in Redis."""
 
-RETRY = (0.05, 0.25)
-"""Seconds between attempts while Redis is unreachable: first, most (doubling). Short enough
-that a node takes publishes again within a quarter of a second of Redis answering; an attempt
-on a Redis that is away costs a refused connection."""
-
 _JOINING, _LIVE = 0, 1
 _CONDITION: dict[int, int] = {Relayed.FIRST: 1, Relayed.IF_FOLLOWED: 2}
-"""The publish script's condition for each kind of relayed publish (redis_scripts.PUBLISH)."""
-
-
-T = TypeVar("T")
+"""The publish script's condition for each kind of relayed publish (broker_lua.PUBLISH)."""
 
 
 class _Follow:
@@ -98,27 +88,6 @@ class _Follow:
         self.idle_since = 0.0
 
 
-class _Entry:
-    """One publish in the outbox."""
-
-    __slots__ = ("topic", "payload", "compressed", "cond", "done")
-
-    def __init__(
-        self,
-        topic: SharedTopic,
-        payload: bytes,
-        compressed: bool,
-        cond: int,
-        done: asyncio.Future[int] | None,
-    ) -> None:
-        self.topic = topic
-        self.payload = payload
-        self.compressed = compressed
-        self.cond = cond
-        """The script's condition: 0 none, 1 a first value, 2 only if Redis knows the topic."""
-        self.done = done
-
-
 class RedisBroker(Broker):
     """Shared topics numbered and kept in Redis, heard by every node through pub/sub.
 
@@ -129,7 +98,7 @@ class RedisBroker(Broker):
         outbox_messages / outbox_bytes: the bounds of what waits to be sent to Redis.
         connect_timeout: seconds ``start`` waits for Redis before it fails.
         node_timeout: seconds a node may miss its heartbeat before the others take it for
-            dead and give the queue items it held back to their queues (redis_queues.py).
+            dead and give the queue items it held back to their queues (queues.py).
         max_connections: connections to Redis this node opens at most (one is its
             subscriber); a command waits for a free one. Each costs Redis a client (its
             ``maxclients`` is 10,000 by default): nodes times this must stay below it.
@@ -180,30 +149,24 @@ class RedisBroker(Broker):
         self._warned: set[str] = set()
         self._channel = (prefix + "c:").encode()
         self.node = secrets.token_hex(6)
-        self.nodes = self.link = RedisNodeLink(prefix, self.node, self._publish_raw)
-        self._batches = itertools.count(1)
+        self.nodes = self.link = RedisNodeLink(prefix, self.node, lambda: self.redis)
         self._events: EngineEvents | None = None
         self._redis: aioredis.Redis | None = None
         self._pubsub: Any = None
         self._following: dict[str, _Follow] = {}
         self._confirm: dict[bytes, asyncio.Future[None]] = {}
-        self._outbox: deque[_Entry] = deque()
-        self._outbox_size = 0
-        self._wake = asyncio.Event()
+        self.outbox = Outbox(outbox_messages, outbox_bytes, self.counters)
+        """The publishes on their way to Redis (outbox.py)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._reader_down = False
-        self._up = True
-        """Whether Redis answered the latest call of any part of this node (the writer, the
-        reader, the queues): publishes and items are refused while it did not."""
-        self._answered = asyncio.Event()
-        """Set (and replaced) when Redis answers after an outage: retries pause no longer."""
+        self.reach = Reach(self.counters)
+        """Whether Redis answers, for every part of this node (reach.py)."""
         self._refreshed = 0.0
-        self._emptied = asyncio.Event()
         self._side: set[asyncio.Task[None]] = set()
         self._listening: dict[bytes, Callable[[bytes], None]] = {}
         """Channels heard besides the topics' and the node's: the queues' lengths."""
         self.queues = RedisQueues(self, node_timeout)
-        """Work-queue topics kept in Redis (redis_queues.py)."""
+        """Work-queue topics kept in Redis (queues.py)."""
 
     # life
 
@@ -236,12 +199,14 @@ class RedisBroker(Broker):
             await self._redis.aclose()
             self._redis = None
             raise
-        self._publish_script = self._redis.register_script(redis_scripts.PUBLISH)
-        self._history_script = self._redis.register_script(redis_scripts.HISTORY)
+        self._publish_script = self._redis.register_script(broker_lua.PUBLISH)
+        self._history_script = self._redis.register_script(broker_lua.HISTORY)
         self._pubsub = await self._open_pubsub()
         await self.queues.start(engine)
         self._tasks = [
-            asyncio.create_task(self._write_loop(), name="rubris-broker-writer"),
+            asyncio.create_task(
+                self.outbox.run(self._send, self.node), name="rubris-broker-writer"
+            ),
             asyncio.create_task(self._read_loop(), name="rubris-broker-reader"),
         ]
         return Membership(self.relay, self.node + SESSION_MARK, self.queues)
@@ -251,12 +216,7 @@ class RedisBroker(Broker):
         after: publishes meanwhile still go out, if the flush has time)."""
         if self._redis is not None:
             await self.queues.stop(flush)
-        if self._outbox:
-            self._emptied.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._emptied.wait(), flush)
-        if self._outbox:
-            log.error("Redis broker stopped with %d publishes not sent", len(self._outbox))
+        await self.outbox.flush(flush)
         for task in (*self._tasks, *self._side):
             task.cancel()
         for task in (*self._tasks, *self._side):
@@ -264,11 +224,7 @@ class RedisBroker(Broker):
                 await task
         self._tasks = []
         lost = BrokerUnavailable("the broker stopped before this publish was numbered")
-        while self._outbox:
-            entry = self._outbox.popleft()
-            if entry.done is not None and not entry.done.done():
-                entry.done.set_exception(lost)
-        self._outbox_size = 0
+        self.outbox.fail_all(lost)
         for f in self._following.values():
             if f.ready is not None and not f.ready.done():
                 f.ready.set_exception(lost)
@@ -310,133 +266,33 @@ class RedisBroker(Broker):
             raise BrokerUnavailable("the broker is not started")
         require_durable(p, what, self.allow_volatile, self.url, self._warned)
 
-    # reachability, shared by every part of the node
-
-    @property
-    def up(self) -> bool:
-        """Whether Redis answered the latest call of any part of this node."""
-        return self._up
-
-    def lost(self, who: str, exc: BaseException) -> None:
-        """A call of ``who`` found Redis away: publishes and items are refused until any
-        call gets through."""
-        if self._up:
-            self._up = False
-            self.counters.outages += 1
-            log.warning("Redis unreachable (%s): %s; publishes refused until it is back", who, exc)
-
-    def answered(self) -> None:
-        """A call got through: Redis is back for every part of the node, whose retries
-        stop pausing."""
-        if not self._up:
-            self._up = True
-            log.warning("Redis reachable again: publishes taken")
-        answered, self._answered = self._answered, asyncio.Event()
-        answered.set()
-
-    async def pause(self, delay: float) -> None:
-        """Sleep ``delay`` seconds between attempts, or less if Redis answers meanwhile."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._answered.wait(), delay)
-
-    async def until_answered(self, call: Callable[[], Awaitable[T]], who: str) -> T:
-        """Await ``call()`` until Redis answers it (``call`` must be safe to repeat: the
-        scripts answer a repeat from their first run). A failure marks Redis away (``lost``)
-        and the call is tried again after a pause (``RETRY``); ``PoolBusy`` only waited for a
-        connection of this node's, so it is tried again at once, Redis not taken for away."""
-        delay = RETRY[0]
-        while True:
-            try:
-                answer = await call()
-            except PoolBusy:
-                continue  # it waited pool_timeout already
-            except DOWN as exc:
-                self.lost(who, exc)
-                await self.pause(delay)
-                delay = min(2 * delay, RETRY[1])
-                continue
-            if not self._up:
-                self.answered()
-            return answer
-
     # publishing
 
     def accepting(self, messages: int, nbytes: int) -> bool:
-        return (
-            self._up
-            and len(self._outbox) + messages <= self.outbox_messages
-            and self._outbox_size + nbytes <= self.outbox_bytes
-        )
+        return self.reach.up and self.outbox.room(messages, nbytes)
 
     def relay(self, topic: SharedTopic, payload: bytes, compressed: bool, how: int) -> int:
         """The relay the engine joins (``Membership``): into the outbox, or ``BrokerUnavailable``;
         returns 0."""
         if how != Relayed.TAKEN and not self.accepting(1, len(payload)):
-            self._refuse(1, len(payload))
-        self._put(_Entry(topic, payload, compressed, _CONDITION.get(how, 0), None))
+            self.outbox.refuse(self.reach.up, 1)
+        self.outbox.put(Entry(topic, payload, compressed, _CONDITION.get(how, 0), None))
         return 0
 
     async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
         if not self.accepting(1, len(payload)):
-            self._refuse(1, len(payload))
+            self.outbox.refuse(self.reach.up, 1)
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._put(_Entry(topic, payload, compressed, 0, done))
+        self.outbox.put(Entry(topic, payload, compressed, 0, done))
         return await done
 
-    def _refuse(self, messages: int, nbytes: int) -> None:
-        """Raise ``BrokerUnavailable`` with the reason ``accepting`` said no."""
-        self.counters.refused += 1
-        if not self._up:
-            raise BrokerUnavailable("Redis is unreachable: publish refused, try again shortly")
-        if len(self._outbox) + messages > self.outbox_messages:
-            raise BrokerUnavailable(
-                f"{len(self._outbox)} publishes wait to be sent to Redis, the most this node "
-                f"keeps (outbox_messages={self.outbox_messages}): try again shortly"
-            )
-        raise BrokerUnavailable(
-            f"{self._outbox_size} bytes of publishes wait to be sent to Redis, with this one "
-            f"over what this node keeps (outbox_bytes={self.outbox_bytes}): try again shortly"
-        )
-
-    def _put(self, entry: _Entry) -> None:
-        self._outbox.append(entry)
-        self._outbox_size += len(entry.payload)
-        self.counters.relayed += 1
-        self._wake.set()
-
-    async def _write_loop(self) -> None:
-        outbox = self._outbox
-        while True:
-            if not outbox:
-                self._wake.clear()
-                await self._wake.wait()
-            batch = list(itertools.islice(outbox, BATCH))
-            try:
-                seqs = await self._send(batch, f"{self.node}:{next(self._batches)}")
-            except Exception as exc:  # a script error: a bug, never a reason to stop
-                log.exception("Redis refused a batch of %d publishes; they are dropped", len(batch))
-                seqs = [0] * len(batch)
-                for entry in batch:
-                    if entry.done is not None and not entry.done.done():
-                        entry.done.set_exception(BrokerUnavailable(f"Redis refused it: {exc}"))
-            for _ in batch:
-                outbox.popleft()
-            for entry, seq in zip(batch, seqs, strict=True):
-                self._outbox_size -= len(entry.payload)
-                if seq:
-                    self.counters.numbered += 1
-                if entry.done is not None and not entry.done.done():
-                    entry.done.set_result(int(seq))
-            if not outbox:
-                self._emptied.set()
-
-    async def _send(self, batch: Sequence[_Entry], batch_id: str) -> list[int]:
+    async def _send(self, batch: Sequence[Entry], batch_id: str) -> list[int]:
         """One script call numbering ``batch``, retried under the same id until Redis answers."""
         args: list[Any] = [self.prefix, self.ttl_ms, str(new_epoch()), batch_id]
         for e in batch:
             t = e.topic
             args += [t.name, int(t.mode), t.cap, e.cond, int(e.compressed), e.payload]
-        seqs: list[int] = await self.until_answered(
+        seqs: list[int] = await self.reach.until_answered(
             lambda: self._publish_script(args=args), "writer"
         )
         return seqs
@@ -603,40 +459,6 @@ class RedisBroker(Broker):
         await ps.subscribe(self.link.channel, *self._listening)
         return ps
 
-    # between nodes (the node link's requests go out here)
-
-    async def _publish_raw(self, channel: str, message: bytes) -> int:
-        """PUBLISH a message to another node (a request or a reply); how many received it.
-
-        On a connection taken here rather than by ``Redis.publish``, so that a failure says how
-        far the message went (``Rubris.send_to`` must not call a message that was passed on
-        undelivered): ``BrokerUnavailable`` when nothing was written (no connection to be had,
-        the connection or its health check failed, Redis refused the command), ``MaybeSent``
-        once the command may have been written (Redis may have passed it on)."""
-        assert self._redis is not None
-        pool: Any = self._redis.connection_pool  # a redis_pool.Pool: get_connection untyped
-        try:
-            conn = await pool.get_connection()  # PoolBusy (nothing sent) when none comes free
-        except DOWN as exc:
-            raise BrokerUnavailable(f"Redis is unreachable: {exc}") from exc
-        try:
-            try:
-                await conn.check_health()
-            except DOWN as exc:
-                raise BrokerUnavailable(f"Redis is unreachable: {exc}") from exc
-            try:  # redis-py disconnects the connection itself when this fails or is cancelled
-                await conn.send_packed_command(
-                    conn.pack_command("PUBLISH", channel, message), check_health=False
-                )
-                receivers = await conn.read_response()
-            except ResponseError as exc:  # refused (an ACL, say): published to nobody
-                raise BrokerUnavailable(f"Redis refused PUBLISH: {exc}") from exc
-            except DOWN as exc:
-                raise MaybeSent(f"Redis failed during PUBLISH: {exc}") from exc
-        finally:
-            await pool.release(conn)
-        return int(receivers)
-
     async def _close_pubsub(self) -> None:
         ps, self._pubsub = self._pubsub, None
         if ps is not None:
@@ -667,13 +489,13 @@ class RedisBroker(Broker):
                             self._reader_down = False
                             log.warning("Redis reachable again: %d topics followed", len(names))
                             self.queues.reconnected()
-                            self.answered()
+                            self.reach.answered()
                         delay = RETRY[0]
                         await listen
                         continue
                     if self._reader_down:
                         self.queues.reconnected()
-                        self.answered()
+                        self.reach.answered()
                     self._reader_down = False
                 delay = RETRY[0]
                 await self._listen(self._pubsub)
@@ -684,11 +506,11 @@ class RedisBroker(Broker):
                     log.exception("the reader failed; reconnecting to Redis")
                 if not isinstance(exc, PoolBusy):  # a wait for a connection: Redis answers
                     self._reader_down = True
-                    self.lost("reader", exc)
+                    self.reach.lost("reader", exc)
                 for f in self._following.values():
                     f.state = _JOINING  # what comes after the reconnection waits for history
                 await self._close_pubsub()
-                await self.pause(delay)
+                await self.reach.pause(delay)
                 delay = min(2 * delay, RETRY[1])
 
     async def _listen(self, ps: Any) -> None:
@@ -756,8 +578,8 @@ class RedisBroker(Broker):
 
     def stats(self) -> BrokerStats:
         c = self.counters
-        c.up = self._up and not self._reader_down
-        c.pending = len(self._outbox)
+        c.up = self.reach.up and not self._reader_down
+        c.pending = len(self.outbox)
         c.following = len(self._following)
         c.items_pending = self.queues.pending
         c.items_taken = self.queues.taken

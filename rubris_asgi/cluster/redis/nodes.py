@@ -6,7 +6,7 @@ a call on it).
 Every node listens on its own channel, ``P n:NODE``. A request names an operation that the
 receiving node registered (``on``), carries a small JSON head and a body of bytes, and gets
 one reply on the asking node's channel. This is how a long-poll request that reaches a node
-other than its session's is answered by the session's node (transports/longpoll.py). A reply
+other than its session's is answered by the session's node (server/longpoll.py). A reply
 lost or late raises ``NoReply`` (a ``TimeoutError``), which says nothing about Redis being
 down, nor that the request was not acted on.
 
@@ -21,12 +21,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ...errors import BrokerUnavailable
 from ..nodes import Abandoned, Handler, Head, MaybeSent, NodeGone, NodeLink, NoReply
 
 log = logging.getLogger("rubris_asgi.broker")
@@ -36,18 +40,17 @@ DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
 through). Not ``OSError`` as a whole: since Python 3.11 ``asyncio.TimeoutError`` is the
 builtin ``TimeoutError``, an ``OSError``, and a wait of ours that timed out (a reply from
 another node) is no sign that Redis is away."""
-Publish = Callable[[str, bytes], Awaitable[int]]
-"""``f(channel, message)``: publish on Redis; how many subscribers received it."""
 
 
 class RedisNodeLink(NodeLink):
     """One node's end: it asks other nodes, and answers what they ask it, through Redis."""
 
-    def __init__(self, prefix: str, node: str, publish: Publish) -> None:
+    def __init__(self, prefix: str, node: str, client: Callable[[], Redis]) -> None:
+        """``client()``: the broker's Redis client (once started), whose pool this shares."""
         super().__init__(node)
         self.prefix = prefix
         self.channel = (prefix + "n:" + node).encode()
-        self._publish = publish
+        self._client = client
         self._handlers: dict[str, Handler] = {}
         self._asks: dict[int, asyncio.Future[tuple[Head, bytes]]] = {}
         self._rids = itertools.count(1)
@@ -88,6 +91,37 @@ class RedisNodeLink(NodeLink):
         if "error" in reply:
             raise RuntimeError(f"node {node} failed {op}: {reply['error']}")
         return reply, data
+
+    async def _publish(self, channel: str, message: bytes) -> int:
+        """PUBLISH a message to another node (a request or a reply); how many received it.
+
+        On a connection taken here rather than by ``Redis.publish``, so that a failure says how
+        far the message went (``Rubris.send_to`` must not call a message that was passed on
+        undelivered): ``BrokerUnavailable`` when nothing was written (no connection to be had,
+        the connection or its health check failed, Redis refused the command), ``MaybeSent``
+        once the command may have been written (Redis may have passed it on)."""
+        pool: Any = self._client().connection_pool  # a pool.Pool: get_connection untyped
+        try:
+            conn = await pool.get_connection()  # PoolBusy (nothing sent) when none comes free
+        except DOWN as exc:
+            raise BrokerUnavailable(f"Redis is unreachable: {exc}") from exc
+        try:
+            try:
+                await conn.check_health()
+            except DOWN as exc:
+                raise BrokerUnavailable(f"Redis is unreachable: {exc}") from exc
+            try:  # redis-py disconnects the connection itself when this fails or is cancelled
+                await conn.send_packed_command(
+                    conn.pack_command("PUBLISH", channel, message), check_health=False
+                )
+                receivers = await conn.read_response()
+            except ResponseError as exc:  # refused (an ACL, say): published to nobody
+                raise BrokerUnavailable(f"Redis refused PUBLISH: {exc}") from exc
+            except DOWN as exc:
+                raise MaybeSent(f"Redis failed during PUBLISH: {exc}") from exc
+        finally:
+            await pool.release(conn)
+        return int(receivers)
 
     def heard(self, message: bytes) -> None:
         """A message on this node's channel (the broker's reader hands it over)."""

@@ -41,7 +41,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
@@ -50,6 +50,7 @@ from ...engine.queues import QueueItem, QueueTopic
 from ...errors import BrokerUnavailable, QueueFull
 from . import queues_lua as scripts
 from .nodes import DOWN
+from .reach import Reach
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -89,12 +90,7 @@ class Carrier(Protocol):
     @property
     def redis(self) -> Redis: ...
 
-    @property
-    def up(self) -> bool: ...
-
-    def answered(self) -> None: ...
-
-    async def until_answered(self, call: Callable[[], Awaitable[T]], who: str) -> T: ...
+    reach: Reach
 
     def require_durable(self, what: str) -> None: ...
 
@@ -232,7 +228,7 @@ class RedisQueues:
     def down(self) -> bool:
         """Redis unreachable, as the latest call of any part of the node found it (one
         state for the whole broker: whichever call gets through first ends it)."""
-        return not self.broker.up
+        return not self.broker.reach.up
 
     @property
     def pending(self) -> int:
@@ -261,7 +257,7 @@ class RedisQueues:
     def put(self, q: QueueTopic, item: QueueItem) -> None:
         # an item accepted is promised to a consumer: never into a Redis that would lose it
         self.broker.require_durable("work-queue items")
-        if not self.broker.up:  # Redis away (this module's calls too)
+        if not self.broker.reach.up:  # Redis away (this module's calls too)
             raise BrokerUnavailable("Redis is unreachable: item refused, try again shortly")
         if self.free(q) < 1:
             v = self._views[q.name]
@@ -352,7 +348,9 @@ class RedisQueues:
 
     async def _call(self, script: str, args: list[Any]) -> Any:
         """Run a script until Redis answers it (the same arguments: each is idempotent)."""
-        return await self.broker.until_answered(lambda: self._scripts[script](args=args), "queues")
+        return await self.broker.reach.until_answered(
+            lambda: self._scripts[script](args=args), "queues"
+        )
 
     def _lengths(self, answer: list[Any], start: int) -> None:
         """``name, length`` pairs at the end of a script's answer."""
@@ -515,8 +513,8 @@ class RedisQueues:
                 answer = await self._scripts["BEAT"](
                     args=[self.prefix, self.node, self.lapse_ms, "0", self.pause_ms]
                 )
-                if not self.broker.up:
-                    self.broker.answered()  # Redis answers again: what waits is sent at once
+                if not self.broker.reach.up:
+                    self.broker.reach.answered()  # Redis answers again: what waits is sent at once
                 if int(answer[0]):
                     self.reclaimed += int(answer[0])
                     log.warning("%d queue items of dead nodes given back", int(answer[0]))

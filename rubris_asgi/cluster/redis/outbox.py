@@ -1,0 +1,139 @@
+"""``Outbox``: the shared publishes of one node on their way to Redis, bounded, sent in batches.
+
+A publish relayed by the engine is put here at once (the engine does not wait); one task
+sends what waits, up to ``BATCH`` publishes in one script call, retried under the same batch
+id until Redis answers (the script answers a repeat from its first run: nothing is numbered
+twice). Bounds: ``messages`` publishes and ``nbytes`` of payload; a publish over them is
+refused with ``BrokerUnavailable`` saying which bound (``refuse``), never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+
+from ...engine.topics import SharedTopic
+from ...errors import BrokerUnavailable
+from ..base import BrokerStats
+
+log = logging.getLogger("rubris_asgi.broker")
+
+BATCH = 256
+"""Publishes in one script call at most: one call blocks Redis for well under a millisecond."""
+
+
+class Entry:
+    """One publish in the outbox."""
+
+    __slots__ = ("topic", "payload", "compressed", "cond", "done")
+
+    def __init__(
+        self,
+        topic: SharedTopic,
+        payload: bytes,
+        compressed: bool,
+        cond: int,
+        done: asyncio.Future[int] | None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.compressed = compressed
+        self.cond = cond
+        """The script's condition: 0 none, 1 a first value, 2 only if Redis knows the topic."""
+        self.done = done
+
+
+Send = Callable[[Sequence[Entry], str], Awaitable[list[int]]]
+"""``send(batch, batch_id)``: number ``batch`` in Redis (retried until it answers); the seqs."""
+
+
+class Outbox:
+    """What waits to be numbered by Redis, and the task that sends it."""
+
+    def __init__(self, messages: int, nbytes: int, counters: BrokerStats) -> None:
+        self.messages = messages
+        self.nbytes = nbytes
+        self.counters = counters
+        self.entries: deque[Entry] = deque()
+        self.size = 0
+        """Payload bytes waiting."""
+        self._wake = asyncio.Event()
+        self._emptied = asyncio.Event()
+        self._batches = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def room(self, messages: int, nbytes: int) -> bool:
+        """Whether ``messages`` publishes of ``nbytes`` fit, all of them."""
+        return len(self.entries) + messages <= self.messages and self.size + nbytes <= self.nbytes
+
+    def refuse(self, up: bool, messages: int) -> None:
+        """Raise ``BrokerUnavailable`` with the reason a publish is not taken."""
+        self.counters.refused += 1
+        if not up:
+            raise BrokerUnavailable("Redis is unreachable: publish refused, try again shortly")
+        if len(self.entries) + messages > self.messages:
+            raise BrokerUnavailable(
+                f"{len(self.entries)} publishes wait to be sent to Redis, the most this node "
+                f"keeps (outbox_messages={self.messages}): try again shortly"
+            )
+        raise BrokerUnavailable(
+            f"{self.size} bytes of publishes wait to be sent to Redis, with this one "
+            f"over what this node keeps (outbox_bytes={self.nbytes}): try again shortly"
+        )
+
+    def put(self, entry: Entry) -> None:
+        self.entries.append(entry)
+        self.size += len(entry.payload)
+        self.counters.relayed += 1
+        self._wake.set()
+
+    async def run(self, send: Send, node: str) -> None:
+        """Send what waits, batch by batch, for ever (cancelled at stop)."""
+        outbox = self.entries
+        while True:
+            if not outbox:
+                self._wake.clear()
+                await self._wake.wait()
+            batch = list(itertools.islice(outbox, BATCH))
+            try:
+                seqs = await send(batch, f"{node}:{next(self._batches)}")
+            except Exception as exc:  # a script error: a bug, never a reason to stop
+                log.exception("Redis refused a batch of %d publishes; they are dropped", len(batch))
+                seqs = [0] * len(batch)
+                for entry in batch:
+                    if entry.done is not None and not entry.done.done():
+                        entry.done.set_exception(BrokerUnavailable(f"Redis refused it: {exc}"))
+            for _ in batch:
+                outbox.popleft()
+            for entry, seq in zip(batch, seqs, strict=True):
+                self.size -= len(entry.payload)
+                if seq:
+                    self.counters.numbered += 1
+                if entry.done is not None and not entry.done.done():
+                    entry.done.set_result(int(seq))
+            if not outbox:
+                self._emptied.set()
+
+    async def flush(self, timeout: float) -> None:
+        """Wait at most ``timeout`` seconds for what waits to be sent."""
+        if self.entries:
+            self._emptied.clear()
+            try:
+                await asyncio.wait_for(self._emptied.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        if self.entries:
+            log.error("Redis broker stopped with %d publishes not sent", len(self.entries))
+
+    def fail_all(self, lost: BrokerUnavailable) -> None:
+        """What was never sent: its waiters get ``lost``; the outbox is empty after."""
+        while self.entries:
+            entry = self.entries.popleft()
+            if entry.done is not None and not entry.done.done():
+                entry.done.set_exception(lost)
+        self.size = 0

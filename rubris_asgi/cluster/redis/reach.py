@@ -1,0 +1,82 @@
+"""``Reach``: whether Redis answers, shared by every part of a node (the broker's writer and
+reader, the queues), and the retry of a call until it does.
+
+One part finding Redis away (``lost``) makes the whole node refuse publishes and items at
+once (``up`` is False), instead of each part learning it on its own; one call getting through
+(``answered``) ends every part's pause between attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from ..base import BrokerStats
+from .nodes import DOWN
+from .pool import PoolBusy
+
+log = logging.getLogger("rubris_asgi.broker")
+
+RETRY = (0.05, 0.25)
+"""Seconds between attempts while Redis is unreachable: first, most (doubling). Short enough
+that a node takes publishes again within a quarter of a second of Redis answering; an attempt
+on a Redis that is away costs a refused connection."""
+
+T = TypeVar("T")
+
+
+class Reach:
+    """Whether Redis answered the latest call of any part of this node."""
+
+    def __init__(self, counters: BrokerStats) -> None:
+        self.counters = counters
+        self.up = True
+        """Whether Redis answered the latest call of any part of this node: publishes and
+        items are refused while it did not."""
+        self._answered = asyncio.Event()
+        """Set (and replaced) when Redis answers after an outage: retries pause no longer."""
+
+    def lost(self, who: str, exc: BaseException) -> None:
+        """A call of ``who`` found Redis away: publishes and items are refused until any
+        call gets through."""
+        if self.up:
+            self.up = False
+            self.counters.outages += 1
+            log.warning("Redis unreachable (%s): %s; publishes refused until it is back", who, exc)
+
+    def answered(self) -> None:
+        """A call got through: Redis is back for every part of the node, whose retries
+        stop pausing."""
+        if not self.up:
+            self.up = True
+            log.warning("Redis reachable again: publishes taken")
+        answered, self._answered = self._answered, asyncio.Event()
+        answered.set()
+
+    async def pause(self, delay: float) -> None:
+        """Sleep ``delay`` seconds between attempts, or less if Redis answers meanwhile."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._answered.wait(), delay)
+
+    async def until_answered(self, call: Callable[[], Awaitable[T]], who: str) -> T:
+        """Await ``call()`` until Redis answers it (``call`` must be safe to repeat: the
+        scripts answer a repeat from their first run). A failure marks Redis away (``lost``)
+        and the call is tried again after a pause (``RETRY``); ``PoolBusy`` only waited for a
+        connection of this node's, so it is tried again at once, Redis not taken for away."""
+        delay = RETRY[0]
+        while True:
+            try:
+                answer = await call()
+            except PoolBusy:
+                continue  # it waited pool_timeout already
+            except DOWN as exc:
+                self.lost(who, exc)
+                await self.pause(delay)
+                delay = min(2 * delay, RETRY[1])
+                continue
+            if not self.up:
+                self.answered()
+            return answer

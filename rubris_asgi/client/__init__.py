@@ -79,6 +79,11 @@ most 10 000 items (the server's prefetch keeps it far lower; an item past it is 
 once and counted in ``stats.overflowed``), and a streamed reply that is not consumed pushes
 back on the reader.
 
+Publishing from outside a session: :class:`Publisher` (asyncio) and :class:`SyncPublisher`
+(threads) POST to the HTTP API (protocol.md section 8b) through httpx, batched and paced by the
+server's fill, and raise :class:`PublishError`; :mod:`rubris_asgi.client.publisher` tells the
+rest. They are imported on first use, as httpx is by the first long-poll connection.
+
 Exceptions (all :class:`~rubris_asgi.errors.RubrisError`)::
 
     ConnectionLost       the connection or session is gone (also a builtin ConnectionError)
@@ -96,6 +101,9 @@ Exceptions (all :class:`~rubris_asgi.errors.RubrisError`)::
 """
 
 from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from .batches import watch_batch
 from .consumer import Consumer, QueueItem
@@ -117,6 +125,32 @@ from .subscription import NAK_LEVELS as NAK_LEVELS
 from .subscription import QUEUE_SIZE as QUEUE_SIZE
 from .subscription import GapInfo, PushInfo, Subscription
 
+if TYPE_CHECKING:
+    from .publisher import Publisher, PublishError, PublisherStats, SyncPublisher
+
+# The HTTP publisher's names load on first use (PEP 562): a process that only subscribes or
+# consumes does not import the publisher's module (nor, through it, httpx).
+_LAZY = {
+    "Publisher": ".publisher",
+    "PublishError": ".publisher",
+    "PublisherStats": ".publisher",
+    "SyncPublisher": ".publisher",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _LAZY.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(home, __name__), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
 __all__ = [
     "CallError",
     "Client",
@@ -127,6 +161,9 @@ __all__ = [
     "GapInfo",
     "ItemRefused",
     "OutcomeUnknown",
+    "PublishError",
+    "Publisher",
+    "PublisherStats",
     "PushInfo",
     "QueueItem",
     "Rejection",
@@ -134,5 +171,6 @@ __all__ = [
     "Subscription",
     "SubscriptionEnded",
     "State",
+    "SyncPublisher",
     "watch_batch",
 ]

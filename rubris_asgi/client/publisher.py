@@ -34,13 +34,18 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from ..control.ratelimit import RateLimiter
 from ..errors import RubrisError
+
+if TYPE_CHECKING:
+    import httpx
+
+# httpx (about 200 ms of imports) is imported where a request is made or an HTTP client built,
+# not at the top: `from rubris_asgi.client import PublishError` (to catch it) loads no httpx.
 
 __all__ = ["PublishError", "Publisher", "PublisherStats", "SyncPublisher"]
 
@@ -183,6 +188,8 @@ class RequestCore:
     ) -> httpx.Response:
         """Send one request of ``n`` entries from a thread: paced (the limiter's tokens first),
         retried as the class says; returns the 200 answer."""
+        import httpx
+
         self.limiter.acquire_blocking(n)
         started = time.monotonic()
         attempt = 0
@@ -227,6 +234,8 @@ class Publisher:
         limiter: RateLimiter | None = None,
         client: httpx.AsyncClient | None = None,
     ) -> None:
+        import httpx
+
         self._core = RequestCore(url, token, batch, batch_bytes, retry_for, limiter)
         self.linger = linger
         self._http = client or httpx.AsyncClient(timeout=30.0)
@@ -293,6 +302,8 @@ class Publisher:
             raise failure
 
     async def _send(self, body: bytes, n: int) -> None:
+        import httpx
+
         core = self._core
         await core.limiter.acquire(n)
         started = time.monotonic()
@@ -347,6 +358,8 @@ class SyncPublisher:
         client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        import httpx
+
         self._core = RequestCore(url, token, batch, batch_bytes, retry_for, limiter)
         self.linger = linger
         self._http = client or httpx.Client(timeout=30.0)

@@ -12,9 +12,7 @@ import itertools
 import logging
 import random
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal
-
-import httpx
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ErrorCode, ProtocolError
 from ..protocol import (
@@ -35,10 +33,13 @@ from ..protocol import (
 )
 from .consumer import Consumer, _Settler
 from .errors import SubscriptionEnded, _Bye, _Fatal, _Lost, _lost
-from .links import _Link, _LongPollLink, _WebSocketLink
+from .links import _Link
 from .outbox import _Outbox
 from .stats import ClientStats
 from .subscription import Subscription, _StreamBox, _Topic
+
+if TYPE_CHECKING:  # httpx is imported by the first long-poll connection (see _new_link)
+    import httpx
 
 __all__ = ["State"]
 
@@ -108,13 +109,17 @@ class _Supervisor:
         changed.set()
 
     def _new_link(self) -> _Link:
+        # The carrier's module, and with it websockets or httpx, is imported here rather than at
+        # the top: `import rubris_asgi.client` then loads neither (see .links).
         if self.transport == "websocket":
+            from .websocket import _WebSocketLink
+
             return _WebSocketLink(self._ws_url, self.headers, 64 * 1024 * 1024, self.open_timeout)
+        from .longpoll import _http_client, _LongPollLink
+
         if self._http is None:
-            self._http = httpx.AsyncClient(
-                headers=self.headers,
-                transport=self._http_transport,
-                timeout=httpx.Timeout(self.open_timeout, read=self.poll_timeout),
+            self._http = _http_client(
+                self.headers, self._http_transport, self.open_timeout, self.poll_timeout
             )
         return _LongPollLink(self._lp_url, self._http, self.backoff, self.open_timeout)
 

@@ -19,7 +19,8 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ..server.assets import Assets
-from ..server.http.publish import HttpApi, Refusal
+from ..server.http.guard import Refusal
+from ..server.http.publish import HttpApi
 from .workers import WorkerBoard
 
 OPS = "$ops"

@@ -10,9 +10,9 @@ the COMPRESSED bit of the kind byte, and only kinds with a :data:`Rest` payload 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field
 from enum import IntEnum
-from typing import TypeAlias, overload
+from typing import Any, ClassVar, TypeAlias, overload
 
 from ..errors import ErrorCode, ProtocolError
 
@@ -85,8 +85,42 @@ Uvs: TypeAlias = tuple[int, ...]
 """uvs to the end of the body (ACK's and REVOKE's values)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Welcome:
+class _Message:
+    """``==``, ``hash()`` and ``repr()`` of every message, as ``@dataclass`` would write them.
+
+    ``@dataclass`` writes and compiles these three for each class, and that is about 40 % of
+    what importing this module costs (22 classes). So the message classes say ``eq=False,
+    repr=False`` and inherit these, written once: they read the fields from
+    ``__dataclass_fields__`` and answer as the generated ones do (the fields in order, equal
+    only to the same class, hashed as the tuple of the fields, ``Push(topic=1, ...)``). Each
+    class has a docstring for the same reason: without one ``@dataclass`` computes one from
+    ``inspect.signature``, another 10 %.
+    """
+
+    __slots__ = ()
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple([getattr(self, name) for name in self.__dataclass_fields__])
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            assert isinstance(other, _Message)
+            return self._values() == other._values()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__)
+        return f"{self.__class__.__qualname__}({fields})"
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Welcome(_Message):
+    """WELCOME: the session, its resume token, the heartbeat period, the largest client frame."""
+
     session: Str
     resume: Str
     heartbeat_ms: Uv
@@ -94,32 +128,40 @@ class Welcome:
     resumed: Flag
 
 
-@dataclass(frozen=True, slots=True)
-class Push:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Push(_Message):
+    """PUSH: message ``seq`` of ``topic``."""
+
     topic: Uv
     seq: Uv
     payload: Rest
     compressed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Result(_Message):
+    """RESULT: the answer to ``call`` (``status`` 0 ok, 1 error)."""
+
     call: Uv
     status: U8
     payload: Rest
     compressed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Stream:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Stream(_Message):
+    """STREAM: one item of ``call``'s streamed reply; ``last`` ends it."""
+
     call: Uv
     last: Flag
     payload: Rest
     compressed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Subscribed:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Subscribed(_Message):
+    """SUBSCRIBED: the answer to SUBSCRIBE ``req``: the topic's number, mode, codec, position."""
+
     req: Uv
     topic: Uv
     # Plain ints rather than Mode/Codec: a newer server may announce a value this code lacks.
@@ -131,45 +173,57 @@ class Subscribed:
     name: Str
 
 
-@dataclass(frozen=True, slots=True)
-class Rejected:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Rejected(_Message):
+    """REJECTED: request ``req`` (a SUBSCRIBE or a PUBLISH) refused, with ``code``."""
+
     req: Uv
     code: Uv
     reason: Str
 
 
-@dataclass(frozen=True, slots=True)
-class Unsubscribed:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Unsubscribed(_Message):
+    """UNSUBSCRIBED: the subscription to ``topic`` is over (``code`` 0: as asked)."""
+
     topic: Uv
     code: Uv
     reason: Str
 
 
-@dataclass(frozen=True, slots=True)
-class Gap:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Gap(_Message):
+    """GAP: messages ``start`` to ``start + count - 1`` of ``topic`` will never arrive."""
+
     topic: Uv
     start: Uv = field(metadata={"wire": "from"})  # `from` is a Python keyword
     count: Uv
 
 
-@dataclass(frozen=True, slots=True)
-class Pong:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Pong(_Message):
+    """PONG: the answer to PING ``token``."""
+
     token: Uv
 
 
-@dataclass(frozen=True, slots=True)
-class Goodbye:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Goodbye(_Message):
+    """GOODBYE: the server is closing the session; the last message it sends."""
+
     code: Uv
     reason: Str
 
 
-@dataclass(frozen=True, slots=True)
-class Flow:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Flow(_Message):
+    """FLOW: the intake (or the queue) a client PUBLISHes to is ``fill`` % full."""
+
     fill: U8
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Item(_Message):
     """One work item of a queue topic: ``tag`` numbers this delivery, ``attempt`` counts them."""
 
     topic: Uv
@@ -190,8 +244,8 @@ def _counted(kind: str, values: tuple[int, ...]) -> tuple[int, ...]:
     return values[1:]
 
 
-@dataclass(frozen=True, slots=True)
-class Revoke:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Revoke(_Message):
     """REVOKE: ``topic`` then ``n`` and the ``n`` tags the server took back."""
 
     topic: Uv
@@ -207,14 +261,18 @@ class Revoke:
         return _counted("REVOKE", self.values)
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Hello(_Message):
+    """HELLO: the first message of a connection; ``resume`` empty for a new session."""
+
     version: Uv
     resume: Str
 
 
-@dataclass(frozen=True, slots=True)
-class Subscribe:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Subscribe(_Message):
+    """SUBSCRIBE: ``name``, from the ``epoch`` and ``since`` (last seq) the client holds."""
+
     req: Uv
     name: Str
     epoch: Uv
@@ -223,13 +281,17 @@ class Subscribe:
     compressed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Unsubscribe:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Unsubscribe(_Message):
+    """UNSUBSCRIBE: end the subscription to ``topic``."""
+
     topic: Uv
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Call(_Message):
+    """CALL: call ``method``; answered by RESULT or STREAM with the same ``call``."""
+
     call: Uv
     method: Str
     payload: Rest
@@ -258,8 +320,8 @@ class _AckItems:
         return _counted("ACK", obj.values)
 
 
-@dataclass(frozen=True, slots=True)
-class Ack:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Ack(_Message):
     """ACK: ``topic`` then a run of uv ``values`` whose meaning depends on the topic's mode.
 
     The decoder cannot know the mode, so it keeps the raw values; the session, which does,
@@ -288,8 +350,8 @@ def _ack_items(topic: int, tags: Iterable[int]) -> Ack:
     return Ack(topic, (len(tags), *tags))
 
 
-@dataclass(frozen=True, slots=True)
-class Nack:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Nack(_Message):
     """NACK: give delivery ``tag`` of a queue topic back (``requeue``) or drop it."""
 
     topic: Uv
@@ -297,18 +359,24 @@ class Nack:
     requeue: Flag
 
 
-@dataclass(frozen=True, slots=True)
-class Nak:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Nak(_Message):
+    """NAK: the client's own inbound buffer is ``fill`` % full."""
+
     fill: U8
 
 
-@dataclass(frozen=True, slots=True)
-class Ping:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Ping(_Message):
+    """PING: answered by PONG with the same ``token``."""
+
     token: Uv
 
 
-@dataclass(frozen=True, slots=True)
-class Publish:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Publish(_Message):
+    """PUBLISH: to topic ``name``; refused with REJECTED ``req``, else no answer."""
+
     req: Uv
     name: Str
     payload: Rest

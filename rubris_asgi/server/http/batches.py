@@ -29,9 +29,8 @@ from starlette.routing import BaseRoute, Route
 from ...batches.ids import BATCH_ID, ItemRef, new_batch_id, parse_item
 from ...batches.service import Batches
 from ...errors import BatchError
-from .publish import FILL_HEADER, HttpApi, Refusal, json_body
-
-_JSON = "application/json"
+from .guard import _JSON, FILL_HEADER, Refusal, json_body
+from .publish import HttpApi
 
 
 class BatchApi:

@@ -12,7 +12,9 @@ and for ``enqueue`` the fullest queue's fill when that is higher.
 The API is off unless the application configures who may use it: a bearer token
 (``Rubris(api_token=...)``: 401 without it), an authorisation hook
 (``Rubris(authorize_api=f)``, ``f(request, topic) -> bool``, may be async, asked once per topic
-of a request: 403 when it says no or raises ``Reject``), or both (the token first).
+of a request: 403 when it says no or raises ``Reject``), or both (the token first). Those
+checks, the body limit and the shape of every refusal are the API's guard (guard.py), which
+``HttpApi`` is and the other routes of the API use through it.
 """
 
 from __future__ import annotations
@@ -20,9 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hmac
-import inspect
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -38,21 +37,20 @@ from ...config import Config
 from ...engine.channels import Channel, Registry
 from ...engine.engine import Engine
 from ...engine.queues import QueueTopic
-from ...errors import BatchError, MessageTooLarge, ProtocolError, Reject
+from ...errors import BatchError, MessageTooLarge, ProtocolError
 from ...protocol import Codec, Mode
+from .guard import _JSON, Guard, Refusal, json_body
+from .guard import AuthorizeApi as AuthorizeApi  # the hook's type, as app.py names it
 
-AuthorizeApi = Callable[[Request, str], "bool | Awaitable[bool]"]
 _Item = tuple[QueueTopic, bytes, "str | None", "str | None"]
 """An item ready for ``Engine.offer_items``: queue, payload, id, batch item."""
 
-FILL_HEADER = "Rubris-Fill"
 RETRY_AFTER = 1
 """Seconds a 429 asks a publisher to wait: about how long the cycle needs to make room."""
 BROKER_RETRY_AFTER = 1
 """Seconds a 503 asks a publisher to wait while the broker is unreachable (it reconnects by
 itself, retrying within a second)."""
 
-_JSON = "application/json"
 _NDJSON = "application/x-ndjson"
 _PUBLISH_KEYS = frozenset({"topic", "data", "data_b64"})
 _ENQUEUE_KEYS = frozenset({"topic", "data", "data_b64", "id", "batch_item"})
@@ -60,17 +58,7 @@ MAX_ID = 256
 """Bytes in an item id at most."""
 
 
-class Refusal(Exception):
-    """One answer other than 200: its status, reason and the index of the entry at fault."""
-
-    def __init__(self, status: int, error: str, index: int | None = None) -> None:
-        super().__init__(error)
-        self.status = status
-        self.error = error
-        self.index = index
-
-
-class HttpApi:
+class HttpApi(Guard):
     """The routes under ``{mount}/api`` and the checks in front of the intake."""
 
     def __init__(
@@ -95,10 +83,6 @@ class HttpApi:
         self.broker: Broker = LocalBroker()
         """Where shared publishes are numbered (set by ``Rubris``): 503 while it cannot
         take them, before the intake promises to."""
-
-    @property
-    def enabled(self) -> bool:
-        return self._token is not None or self._authorize is not None
 
     def routes(self) -> list[BaseRoute]:
         if not self.enabled:
@@ -263,35 +247,7 @@ class HttpApi:
             {"error": f"the intake cannot take {what} now"}, 429, {"Retry-After": str(RETRY_AFTER)}
         )
 
-    # checks, in the order a request meets them
-
-    def check_token(self, request: Request, *, basic: bool = False) -> None:
-        """401 unless the request carries the token as ``Bearer``, or with ``basic`` also as
-        the password of HTTP Basic (any user name): what a browser can send to a page."""
-        if self._token is None:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        scheme = scheme.lower()
-        if basic and scheme == "basic":
-            try:
-                given = base64.b64decode(given, validate=True).decode().partition(":")[2]
-            except (binascii.Error, UnicodeDecodeError):
-                given = ""
-            scheme = "bearer"
-        if scheme != "bearer" or not hmac.compare_digest(given.encode(), self._token):
-            raise Refusal(401, "a valid bearer token is required")
-
-    async def read_body(self, request: Request) -> bytes:
-        limit = self.config.limits.api_body
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise Refusal(413, f"the body is over the limit of {limit} bytes")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise Refusal(413, f"the body is over the limit of {limit} bytes")
-        return bytes(body)
+    # checks, in the order a request meets them (the token and the hook: the Guard's)
 
     @staticmethod
     def _parse(content_type: str, body: bytes) -> list[tuple[int, Any]]:
@@ -375,59 +331,6 @@ class HttpApi:
         except BatchError as exc:
             index = next((i for i, r in refs if str(r) == exc.item), None)
             raise Refusal(exc.status, f"batch_item: {exc.reason}", index) from None
-
-    async def check_authorised(
-        self, request: Request, names: Sequence[tuple[int | None, str]], verb: str = "publish to"
-    ) -> None:
-        """Ask the hook once per topic ``name`` (403 naming the entry ``index`` at fault;
-        ``verb`` says what was refused)."""
-        authorize = self._authorize
-        if authorize is None:
-            return
-        asked: set[str] = set()
-        for index, name in names:
-            if name in asked:
-                continue
-            asked.add(name)
-            try:
-                allowed = authorize(request, name)
-                if inspect.isawaitable(allowed):
-                    allowed = await allowed
-            except Reject as r:
-                raise Refusal(403, r.reason, index) from None
-            if not allowed:
-                raise Refusal(403, f"not allowed to {verb} {name!r}", index)
-
-    # answers
-
-    def _answer(
-        self,
-        body: dict[str, Any],
-        status: int = 200,
-        headers: dict[str, str] | None = None,
-        queues: list[QueueTopic] | None = None,
-    ) -> Response:
-        if status >= 400:
-            self.engine.telemetry.api_refusals[status] += 1
-        fill = self.engine.intake.fill
-        for q in queues or ():
-            fill = max(fill, min(100, len(q.ready) * 100 // q.settings.max_length))
-        body["fill"] = fill
-        all_headers = {FILL_HEADER: str(fill), **(headers or {})}
-        return Response(orjson.dumps(body), status, all_headers, media_type=_JSON)
-
-    def refusal(self, r: Refusal, queues: list[QueueTopic] | None = None) -> Response:
-        body: dict[str, Any] = {"error": r.error, "index": r.index}
-        headers = {"WWW-Authenticate": "Bearer"} if r.status == 401 else None
-        return self._answer(body, r.status, headers, queues)
-
-
-def json_body(body: bytes) -> Any:
-    """A request body's JSON value; 400 when it is not JSON."""
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise Refusal(400, f"the body is not JSON: {exc}") from None
 
 
 def _payload(codec: int, entry: dict[str, Any], index: int) -> bytes:

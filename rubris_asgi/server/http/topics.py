@@ -48,7 +48,8 @@ from ...errors import BrokerUnavailable, ProtocolError
 from ...protocol import COMPRESSED, Codec
 from ...protocol.deflate import inflate
 from ...protocol.wire import read_uv
-from .publish import FILL_HEADER, HttpApi, Refusal
+from .guard import FILL_HEADER, Refusal
+from .publish import HttpApi
 
 MAX_LIMIT = 10_000
 """Messages in one answer at most."""

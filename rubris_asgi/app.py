@@ -175,12 +175,16 @@ class Rubris:
         self._drained = asyncio.Event()
         self._unchain_signals: Callable[[], None] = lambda: None
         self.api = HttpApi(
-            self.engine, self.registry, config, token=api_token, authorize=authorize_api
+            self.engine,
+            self.registry,
+            config,
+            token=api_token,
+            authorize=authorize_api,
+            broker=self.broker,
+            batches=self._batches,
         )
-        self.api.broker = self.broker
         batch_routes = []
         if self._batches is not None:
-            self.api.batches = self._batches
             BatchTopics(self.engine, self.registry, self._batches, authorize_batch)
             batch_routes = BatchApi(self.api, self._batches).routes()
         self.assets = Assets()
@@ -558,7 +562,7 @@ class Rubris:
         self.engine.scheduler.wake = self._wake.set
         self.draining = False
         self._drained = asyncio.Event()
-        self.api.accepting = True
+        self.api.start_accepting()
         # plain `uvicorn app:app` waits for in-flight requests (a waiting poll: 25 s) before it
         # runs our lifespan shutdown: drain when its signal comes instead (exit_signal.py)
         self._unchain_signals = drain_on_exit_signal(loop, self.drain)
@@ -595,7 +599,7 @@ class Rubris:
             return
         self.draining = True
         try:
-            self.api.accepting = False
+            self.api.stop_accepting()
             engine = self.engine
             for s in list(engine.sessions.values()):
                 engine.close_session(s, ErrorCode.SHUTTING_DOWN, "server shutting down")

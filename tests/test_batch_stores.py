@@ -160,7 +160,7 @@ async def test_errors_change_nothing(store: BatchStore) -> None:
 
 
 async def test_limits_from_the_config(store: BatchStore) -> None:
-    store.config = BatchConfig(max_items=10, max_groups=2)
+    store.configure(BatchConfig(max_items=10, max_groups=2))
     await store.open("b", T0)
     await store.add("b", 6, T0)
     with pytest.raises(BadCount):
@@ -169,7 +169,7 @@ async def test_limits_from_the_config(store: BatchStore) -> None:
     with pytest.raises(BadCount):
         await store.add("b", 0, T0)
     with pytest.raises(BadCount):  # the third group
-        store.config = BatchConfig(max_items=100, max_groups=2)
+        store.configure(BatchConfig(max_items=100, max_groups=2))
         await store.add("b", 1, T0)
     assert (await store.status("b")).total == 10
 
@@ -203,7 +203,7 @@ async def test_groups_span_chunks_out_of_order(store: BatchStore) -> None:
 
 
 async def test_sweep_expires_idle_batches_and_forgets_ended_ones(store: BatchStore) -> None:
-    store.config = BatchConfig(expiry=100.0, sealed_expiry=50.0, keep=30.0)
+    store.configure(BatchConfig(expiry=100.0, sealed_expiry=50.0, keep=30.0))
     await store.open("idle-open", T0)
     await store.add("idle-open", 4, T0)
     await store.open("idle-sealed", T0)

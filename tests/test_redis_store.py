@@ -147,7 +147,7 @@ async def test_an_ended_batch_keeps_no_chunks(store: RedisBatchStore, raw: aiore
 
 
 async def test_sweep_forgets_every_key(store: RedisBatchStore, raw: aioredis.Redis) -> None:
-    store.config = BatchConfig(expiry=10.0, sealed_expiry=20.0, keep=5.0)
+    store.configure(BatchConfig(expiry=10.0, sealed_expiry=20.0, keep=5.0))
     for batch in ("c0mplete", "exp1red", "l1ve"):
         await store.open(batch, 100.0)
         for n in (4, CHUNK_BITS + 1):
@@ -181,7 +181,7 @@ async def test_sweep_in_bounded_steps_lists_batches_as_opened(
     store: RedisBatchStore, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(redis_store, "_SWEEP_LIMIT", 3)
-    store.config = BatchConfig(expiry=10.0, sealed_expiry=10.0, keep=5.0)
+    store.configure(BatchConfig(expiry=10.0, sealed_expiry=10.0, keep=5.0))
     names = [f"s{i}" for i in range(11)]
     for i, batch in enumerate(names):
         await store.open(batch, 100.0 - i)  # the last opened idles longest
@@ -327,7 +327,8 @@ class Twins:
         config = BatchConfig(
             expiry=30.0, sealed_expiry=20.0, keep=15.0, max_items=3 * CHUNK_BITS, max_groups=6
         )
-        self.mem.config = self.red.config = config
+        self.mem.configure(config)
+        self.red.configure(config)
         self.now = 1_000.0
         self.opened: list[str] = []
         self.log: list[str] = []

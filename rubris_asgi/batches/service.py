@@ -70,16 +70,22 @@ class Batches:
     ) -> None:
         self.store = store
         self.config = config or BatchConfig()
-        store.config = self.config
+        store.configure(self.config)
         self.clock = clock
         self.listener: Listener | None = None
         """Told every new state of a batch (seal, ends, expiry) after the store took it."""
         self.after_sweep: Callable[[], object] | None = None
-        """Called after each sweep (``Rubris`` drops the batch topics nobody watches)."""
+        """Called after each sweep (the watch channel drops the batch topics nobody watches)."""
         self.pending = PendingStats()
         self._done: list[str] = []
         self._failed: list[str] = []
         self._wake: asyncio.Event | None = None
+
+    def watched_by(self, listener: Listener, after_sweep: Callable[[], object]) -> None:
+        """The seam to the ``batch.{id}`` channel (watch.py): ``listener(batch, status)`` is
+        told every new state of a batch, ``after_sweep()`` runs after each sweep."""
+        self.listener = listener
+        self.after_sweep = after_sweep
 
     @classmethod
     def from_spec(cls, spec: Batches | BatchStore | str | bool, config: Any) -> Batches | None:

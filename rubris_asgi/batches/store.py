@@ -25,7 +25,11 @@ class BatchStore(ABC):
     """The operations batch tracking needs of storage; every one is atomic."""
 
     config: BatchConfig = BatchConfig()
-    """Set by the ``Batches`` that uses the store, from ``Config.batches``."""
+    """The limits and times of batches (``configure``), the defaults until then."""
+
+    def configure(self, config: BatchConfig) -> None:
+        """Use ``config`` (the ``Batches`` that uses the store gives ``Config.batches``)."""
+        self.config = config
 
     async def start(self) -> None:  # noqa: B027 (a store with nothing to connect keeps it)
         """Connect; called once before the first operation."""

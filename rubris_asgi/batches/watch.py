@@ -47,8 +47,7 @@ class BatchTopics:
         """Batch topics made for watchers (what ``sweep`` looks at), with the last state
         published on each."""
         registry.shared(PATTERN, snapshot=True, ring=None)(self.watch)
-        batches.listener = self.changed
-        batches.after_sweep = self.sweep
+        batches.watched_by(self.changed, self.sweep)
 
     async def watch(self, session: Session, batch: str) -> Any:
         """The subscribe handler: the batch's state, for a topic that has none yet."""

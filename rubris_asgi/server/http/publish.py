@@ -69,20 +69,30 @@ class HttpApi(Guard):
         *,
         token: str | None = None,
         authorize: AuthorizeApi | None = None,
+        broker: Broker | None = None,
+        batches: Batches | None = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
         self.config = config
         self._token = token.encode() if token is not None else None
         self._authorize = authorize
-        self.batches: Batches | None = None
-        """Batch tracking, for ``batch_item`` (set by ``Rubris`` when it is on)."""
+        self.batches = batches
+        """Batch tracking, for ``batch_item`` (None: off)."""
         self._batch_lock = asyncio.Lock()
         self.accepting = True
-        """False from the start of a graceful shutdown: requests get 503."""
-        self.broker: Broker = LocalBroker()
-        """Where shared publishes are numbered (set by ``Rubris``): 503 while it cannot
-        take them, before the intake promises to."""
+        """False from the start of a graceful shutdown (``stop_accepting``): requests get 503."""
+        self.broker: Broker = broker or LocalBroker()
+        """Where shared publishes are numbered: 503 while it cannot take them, before the
+        intake promises to."""
+
+    def start_accepting(self) -> None:
+        """Take requests (the app started)."""
+        self.accepting = True
+
+    def stop_accepting(self) -> None:
+        """Answer every request 503 from now on (a graceful shutdown began)."""
+        self.accepting = False
 
     def routes(self) -> list[BaseRoute]:
         if not self.enabled:

@@ -29,6 +29,7 @@ class NullSink:
     """A transport whose writes complete at once: only the engine's cost is measured."""
 
     __slots__ = ("engine", "session", "frames", "bytes")
+    writing_since = 0.0  # FrameSink's: never a write in progress
 
     def __init__(self, engine: Engine, session: Session) -> None:
         self.engine = engine

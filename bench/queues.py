@@ -264,6 +264,7 @@ class NullSink:
     """A transport whose writes complete at once; counts frames."""
 
     __slots__ = ("engine", "session", "frames")
+    writing_since = 0.0  # FrameSink's: never a write in progress
 
     def __init__(self, engine: Engine, session: Session) -> None:
         self.engine = engine

@@ -32,6 +32,7 @@ class RecordingSink:
     auto: bool = True
     frames: list[bytes] = field(default_factory=list)
     held: list[FrameBuffer] = field(default_factory=list)
+    writing_since: float = 0.0  # FrameSink's: frames are taken at once (or held, unwritten)
 
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
         self.frames.append(frame)

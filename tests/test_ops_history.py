@@ -66,6 +66,7 @@ class PollSink:
         self.session = s
         self.frames: list[bytes] = []
         self.last_seen = 0.0
+        self.writing_since = 0.0  # FrameSink's: a poll takes its frame at once
 
     def poll(self) -> None:
         self.last_seen = self.engine.clock()

@@ -35,6 +35,11 @@ class FrameSink(Protocol):
     lease, which releases the lease and makes the session ready again.
     """
 
+    @property
+    def writing_since(self) -> float:
+        """When the frame being written was handed over (the engine's clock); 0.0 when none
+        is (read by the operations page: how long a write has been blocked)."""
+
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None: ...
 
     def superseded(self) -> None:

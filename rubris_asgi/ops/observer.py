@@ -25,7 +25,6 @@ from ..engine.session import Session
 from ..engine.telemetry import HISTOGRAMS
 from ..engine.topics import SNAPSHOT
 from ..errors import ErrorCode
-from ..server.websocket import WebSocketConnection
 
 MIN_AGE = 0.5
 """Seconds a snapshot is reused before the engine is walked again."""
@@ -178,7 +177,7 @@ class Observer:
             counts[(s.transport or "websocket", s.state.value)] += 1
             subscriptions += len(s.subs)
             sink = s.sink
-            since = sink.writing_since if isinstance(sink, WebSocketConnection) else 0.0
+            since = sink.writing_since if sink is not None else 0.0
             blocked_for = now - since if since else 0.0
             interval = current_interval(s, now, flow) if s.nak_interval else 0.0
             held_for = max(0.0, s.hold_until - now) if s.held else 0.0

@@ -265,6 +265,9 @@ class LongPollTransport:
 class LongPollSession:
     """The ``FrameSink`` of a long-poll session: at most one frame in flight, kept until acked."""
 
+    writing_since = 0.0
+    """Never writing: a frame waits here for the next poll, which takes it at once."""
+
     def __init__(self, transport: LongPollTransport, session: Session) -> None:
         self.transport = transport
         self.session = session

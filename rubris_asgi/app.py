@@ -34,10 +34,9 @@ from .cluster.sends import RemoteSends
 from .config import Config
 from .engine.channels import _UNSET, Registry
 from .engine.engine import Engine
-from .engine.queues import QueueSettings, QueueStats, QueueTopic
+from .engine.queues import QueueSettings, QueueStats
 from .engine.session import Session, SessionState
-from .engine.topics import SharedTopic
-from .errors import ErrorCode, ProtocolError, QueueFull, SessionClosed
+from .errors import QueueFull, SessionClosed
 from .ops.observer import Observer
 from .ops.page import OpsPage
 from .ops.stats import Stats, collect_stats
@@ -47,12 +46,14 @@ from .protocol import Codec, Mode
 from .protocol.deflate import Compressor, Decompressor
 from .server.assets import Assets
 from .server.dispatch import Dispatcher
+from .server.drain import Drain
 from .server.exit_signal import drain_on_exit_signal
 from .server.gateway import Authenticate, Gateway
 from .server.http.batches import BatchApi
 from .server.http.publish import AuthorizeApi, HttpApi
 from .server.http.topics import TopicApi
-from .server.longpoll import LongPollSession, LongPollTransport
+from .server.lifespan import lifespan_protocol
+from .server.longpoll import LongPollTransport
 from .server.quiet_log import QuietPolls
 from .server.relay import Relays
 from .server.runtime import housekeeping, queue_ticks, run_scheduler
@@ -171,8 +172,6 @@ class Rubris:
         self._thread = 0
         """The running loop's thread while started: calls from any other go through the loop."""
         self.started = False
-        self.draining = False
-        self._drained = asyncio.Event()
         self._unchain_signals: Callable[[], None] = lambda: None
         self.api = HttpApi(
             self.engine,
@@ -183,6 +182,7 @@ class Rubris:
             broker=self.broker,
             batches=self._batches,
         )
+        self._drain = Drain(self.engine, config, self.api, self.websocket, self.relays)
         batch_routes = []
         if self._batches is not None:
             BatchTopics(self.engine, self.registry, self._batches, authorize_batch)
@@ -198,8 +198,7 @@ class Rubris:
                 Route("/lp", self._lp_open, methods=["POST"]),
                 Route("/lp/{session}", self.longpoll.poll, methods=["GET"]),
                 Route("/lp/{session}", self.longpoll.post_frame, methods=["POST"]),
-                Route("/client.js", self._client_js, methods=["GET", "HEAD"]),
-                Route("/client/{name:path}", self._client_module, methods=["GET", "HEAD"]),
+                *self.assets.routes(),
                 *self.api.routes(),
                 *TopicApi(self.api).routes(),
                 *batch_routes,
@@ -309,36 +308,18 @@ class Rubris:
         return self._publish(name, value)
 
     def _publish(self, name: str, value: Any) -> int:
-        return self.engine.publish(self._shared(name), value)
-
-    def _shared(self, name: str) -> SharedTopic:
-        t = self.engine.topics.get(name)
-        if t is not None:
-            return t
-        found = self.registry.match(name)
-        if found is None or not found[0].shared:
-            raise ProtocolError(f"no shared channel matches {name!r}", ErrorCode.UNKNOWN)
-        return self.engine.topic_of(name, found[0])
+        return self.engine.publish(self.engine.shared_named(name, self.registry), value)
 
     async def publish_async(self, name: str, value: Any) -> int:
         """Publish to a shared topic and return its seq once numbered: at once alone, once
         Redis numbered it with a ``RedisBroker`` (the same seq on every node). Raises as
         ``publish`` does."""
         self._on_loop("publish_async")
-        t = self._shared(name)
+        t = self.engine.shared_named(name, self.registry)
         if not self.broker.distributed:
             return self.engine.publish(t, value)
         data, compressed = self.engine.prepare(t, value)
         return await self.broker.numbered(t, data, compressed)
-
-    def _queue(self, name: str) -> QueueTopic:
-        q = self.engine.queues.get(name)
-        if q is not None:
-            return q
-        found = self.registry.match(name)
-        if found is None or found[0].mode != Mode.QUEUE:
-            raise ProtocolError(f"no queue channel matches {name!r}", ErrorCode.UNKNOWN)
-        return self.engine.queue_of(name, found[0], self.registry)
 
     def enqueue(
         self,
@@ -365,7 +346,9 @@ class Rubris:
             return call_in_loop(self._loop, call)
         if batch_item is not None:
             self._batch_item(batch_item)
-        return self.engine.enqueue(self._queue(name), value, id, batch_item)
+        return self.engine.enqueue(
+            self.engine.queue_named(name, self.registry), value, id, batch_item
+        )
 
     async def put(
         self,
@@ -380,7 +363,7 @@ class Rubris:
         A ``batch_item`` must name an item of a known batch (``UnknownBatch``,
         ``ItemOutOfRange`` otherwise)."""
         self._on_loop("put")
-        q = self._queue(name)
+        q = self.engine.queue_named(name, self.registry)
         if batch_item is not None:
             await self.batches.check([self._batch_item(batch_item)])
         while True:
@@ -479,7 +462,7 @@ class Rubris:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan_protocol(receive, send)
+            await lifespan_protocol(receive, send, self.start, self.stop)
             return
         # while draining, only new sessions are refused: a long-poll session's next poll is
         # how it receives its GOODBYE 9
@@ -500,27 +483,6 @@ class Rubris:
         if self.draining:
             return Response("server shutting down", 503)
         return await self.longpoll.open_session(request)
-
-    async def _client_js(self, request: Request) -> Response:
-        return self.assets.response(request, "client.js")
-
-    async def _client_module(self, request: Request) -> Response:
-        return self.assets.response(request, "client/" + request.path_params["name"])
-
-    async def _lifespan_protocol(self, receive: Receive, send: Send) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                try:
-                    await self.start()
-                except Exception as exc:
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await self.stop()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     # lifespan
 
@@ -560,8 +522,7 @@ class Rubris:
         self._thread = threading.get_ident()
         self._wake = asyncio.Event()
         self.engine.scheduler.wake = self._wake.set
-        self.draining = False
-        self._drained = asyncio.Event()
+        self._drain.reset()
         self.api.start_accepting()
         # plain `uvicorn app:app` waits for in-flight requests (a waiting poll: 25 s) before it
         # runs our lifespan shutdown: drain when its signal comes instead (exit_signal.py)
@@ -586,37 +547,20 @@ class Rubris:
 
     async def drain(self) -> None:
         """The first half of graceful shutdown: GOODBYE 9 to every session, wait up to
-        ``Timing.shutdown_drain`` for their last frames, then close every connection.
+        ``Timing.shutdown_drain`` for their last frames, then close every connection
+        (server/drain.py).
 
         New connections are refused from here on (WebSocket close 1013, HTTP 503). ``stop()``
         calls it; call it yourself (or run under ``rubris_asgi.serve``) before a server closes
         its sockets, since uvicorn closes WebSockets with 1012 before the lifespan shutdown.
         """
-        if not self.started:
-            return
-        if self.draining:  # one drain at a time; a second caller waits for the first's end
-            await self._drained.wait()
-            return
-        self.draining = True
-        try:
-            self.api.stop_accepting()
-            engine = self.engine
-            for s in list(engine.sessions.values()):
-                engine.close_session(s, ErrorCode.SHUTTING_DOWN, "server shutting down")
-            deadline = engine.clock() + self.config.timing.shutdown_drain
-            # polled: shutdown happens once, and a drain event would cost every frame on the
-            # hot path
-            while engine.clock() < deadline and any(  # noqa: ASYNC110
-                self._draining(s) for s in engine.sessions.values()
-            ):
-                await asyncio.sleep(0.01)
-            await self.websocket.abort_all(ErrorCode.SHUTTING_DOWN, "server shutting down")
-            # connections carried for other nodes' sessions: their clients reconnect elsewhere
-            await self.relays.close_entries(1012, "server restarting")
-            for s in list(engine.sessions.values()):
-                engine.end_session(s)
-        finally:
-            self._drained.set()
+        if self.started:
+            await self._drain.run()
+
+    @property
+    def draining(self) -> bool:
+        """From the start of ``drain()`` to the next start: new sessions are refused."""
+        return self._drain.draining
 
     async def stop(self) -> None:
         """Graceful shutdown: ``drain()``, then cancel the scheduler, housekeeping and every
@@ -645,16 +589,3 @@ class Rubris:
         self.engine.scheduler.wake = lambda: None
         self._loop = None
         self._thread = 0
-
-    def _draining(self, s: Session) -> bool:
-        """Whether shutdown should still wait for ``s`` to take its last frames."""
-        sink = s.sink
-        if isinstance(sink, LongPollSession) and sink.answering():
-            # its last frame (the GOODBYE) is handed to a poll not yet answered: ending the
-            # session now would drop the frame and the poll would answer 204
-            return True
-        if not s.has_work() or sink is None:
-            return False
-        if isinstance(sink, LongPollSession):
-            return sink.takes_goodbye(self.engine.clock())
-        return True

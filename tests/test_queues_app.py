@@ -84,7 +84,7 @@ async def test_put_waits_for_room() -> None:
         await asyncio.sleep(0.05)
         assert not put.done()
         s, sink = connect(rubris.engine)
-        q = rubris._queue("jobs.a")
+        q = rubris.engine.queue_named("jobs.a", rubris.registry)
         rubris.engine.subscribe_queue(s, q, 1, prefetch=1)  # takes one item: room for one
         assert await asyncio.wait_for(put, 2) is True
         assert rubris.queue_stats("jobs.a").enqueued == 4

@@ -30,7 +30,7 @@ from ..protocol import (
 )
 from ..protocol.deflate import Compression, Compressor
 from .buffers import FrameBuffer, WriterPool
-from .channels import Channel
+from .channels import Channel, Registry
 from .intake import Intake
 from .membership import Membership, Relay, Relayed
 from .queues import QueueHome, QueueSub, QueueTopic
@@ -317,6 +317,17 @@ class Engine(QueueOperations):
         )
         self.topics[name] = t
         return t
+
+    def shared_named(self, name: str, registry: Registry) -> SharedTopic:
+        """The shared topic ``name``, made on first use from the channel that matches it;
+        ``ProtocolError`` (code 3) when no shared channel does."""
+        t = self.topics.get(name)
+        if t is not None:
+            return t
+        found = registry.match(name)
+        if found is None or not found[0].shared:
+            raise ProtocolError(f"no shared channel matches {name!r}", ErrorCode.UNKNOWN)
+        return self.topic_of(name, found[0])
 
     def topic_of(self, name: str, ch: Channel) -> SharedTopic:
         """The shared topic ``name`` of channel ``ch``, created with the channel's settings."""

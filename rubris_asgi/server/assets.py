@@ -17,6 +17,7 @@ from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 _JS = "text/javascript; charset=utf-8"
@@ -37,6 +38,19 @@ class Assets:
             body = path.read_bytes()
             etag = '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
             self.files[path.relative_to(root).as_posix()] = Asset(body, etag)
+
+    def routes(self) -> list[Route]:
+        """``{mount}/client.js`` and the modules it imports, ``{mount}/client/<path>``."""
+        return [
+            Route("/client.js", self._client_js, methods=["GET", "HEAD"]),
+            Route("/client/{name:path}", self._client_module, methods=["GET", "HEAD"]),
+        ]
+
+    async def _client_js(self, request: Request) -> Response:
+        return self.response(request, "client.js")
+
+    async def _client_module(self, request: Request) -> Response:
+        return self.response(request, "client/" + request.path_params["name"])
 
     def response(self, request: Request, name: str) -> Response:
         asset = self.files.get(name)

@@ -62,6 +62,17 @@ class QueueOperations:
     def _send_flow(self, fill: int, publishers: list[Any]) -> None:
         raise NotImplementedError  # Engine's
 
+    def queue_named(self, name: str, registry: Registry) -> QueueTopic:
+        """The queue topic ``name``, made on first use from the channel that matches it;
+        ``ProtocolError`` (code 3) when no queue channel does."""
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        found = registry.match(name)
+        if found is None or found[0].mode != Mode.QUEUE:
+            raise ProtocolError(f"no queue channel matches {name!r}", ErrorCode.UNKNOWN)
+        return self.queue_of(name, found[0], registry)
+
     def queue_of(self, name: str, ch: Channel, registry: Registry) -> QueueTopic:
         """The queue topic ``name`` of channel ``ch``, created (with its dead-letter queue,
         found through ``registry``) on first use."""

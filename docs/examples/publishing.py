@@ -18,7 +18,7 @@ from starlette.routing import Mount
 
 from rubris_asgi import Rubris, Server, Session
 from rubris_asgi.client import Client
-from rubris_asgi.client.publisher import Publisher, SyncPublisher
+from rubris_asgi.client import Publisher, SyncPublisher
 
 TOKEN = os.environ.get("RUBRIS_API_TOKEN", "example-token")  # from your secrets in real life
 

@@ -130,7 +130,7 @@ export declare class Subscription {
   unsubscribe(): void;
 }
 
-// ----- queue consumers (client/queues.js) -----------------------------------------------------
+// ----- queue consumers (client/consumer.js) -----------------------------------------------------
 
 /**
  * One delivery of a queue item (§3 ITEM), as the handler of {@link RubrisClient.consume} gets it.

@@ -24,6 +24,9 @@
 //                                 a consumer's local buffer to give back
 //   2. the public value classes:
 //        client/values.js         Subscription, RubrisError
+//        client/consumer.js       Consumer and QueueItem: a queue consumer's bounded local buffer
+//                                 of ITEMs, REVOKE, CoDel giving back the newest item, one item at
+//                                 a time to the handler, its ACKs and NACKs, reset on reconnect
 //   3. two transports with one small interface (described in websocket.js):
 //        client/websocket.js      WebSocketConnection
 //        client/longpoll.js       LongPollConnection (§7) and what an HTTP status means
@@ -34,9 +37,8 @@
 //        client/calls.js          call, stream, streamIter, call timeouts, RESULT/STREAM
 //        client/subscriptions.js  subscribe/unsubscribe, WireSubscription, SUBSCRIBED, REJECTED,
 //                                 UNSUBSCRIBED, GAP, PUSH to listeners, ACKs of private topics
-//        client/queues.js         consume(), Consumer and QueueItem: queue topics' ITEM into a
-//                                 bounded local buffer, REVOKE, CoDel, one item at a time to the
-//                                 handler, ACKs of a task in one message, NACK, reset on reconnect
+//        client/queues.js         consume(), a queue topic's SUBSCRIBED, ITEM and REVOKE to its
+//                                 Consumer, the ACKs of a task in one message, reset on reconnect
 //        client/session.js        connect, WELCOME, new or resumed session, drops, reconnect
 //                                 with backoff, fall-back to long-poll and back to WebSocket,
 //                                 heartbeats and PING, frame dispatch, page hooks, shutdown
@@ -87,7 +89,7 @@ import "./client/subscriptions.js";
 import "./client/websocket.js";
 
 export { Codec, ErrorCode, Kind, Mode } from "./client/codec.js";
-export { Consumer, QueueItem } from "./client/queues.js";
+export { Consumer, QueueItem } from "./client/consumer.js";
 export { RubrisClient, connect } from "./client/rubris-client.js";
 export { RubrisError, Subscription } from "./client/values.js";
 

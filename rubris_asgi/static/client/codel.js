@@ -1,7 +1,7 @@
 // CoDel's control law (Nichols and Jacobson, "Controlling Queue Delay", ACM Queue 2012; RFC 8289),
 // without I/O or a clock of its own: when the items of a buffer have waited too long, which of them
 // to give back. The same state machine as the server's (rubris_asgi/queues/codel.py), in
-// milliseconds. A queue consumer (queues.js) asks it about every item it takes from its local
+// milliseconds. A queue consumer (consumer.js) asks it about every item it takes from its local
 // buffer; "drop" there means NACK with requeue, so the server hands the item to a consumer that is
 // free (the source document on prefetch). Imports nothing.
 

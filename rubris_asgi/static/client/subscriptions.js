@@ -38,7 +38,7 @@ class WireSubscription {
     this.delivered = 0; // highest private seq the app has seen (what ACK reports)
     this.acked = 0;
     this.unacked = 0;
-    this.consumer = null; // queue topics: the Consumer (queues.js) its items go to
+    this.consumer = null; // queue topics: the Consumer (consumer.js) its items go to
     this.incarnation = 0; // bumps when seq numbering restarts, so stale items cannot ACK
     this.queued = null; // the snapshot item waiting in the inbound queue (conflation target)
     this.last = null; // {value, meta}: the latest snapshot value, for listeners that join later

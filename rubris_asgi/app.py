@@ -142,6 +142,7 @@ class Rubris:
             compressor=compressor,
             on_session_end=self._session_ended,
             on_item_end=None if self._batches is None else self._batches.item_ended,
+            wake=self._wake_scheduler,
             **({"clock": clock} if clock else {}),
         )
         self.registry = Registry(compress_at=config.compress_at)
@@ -453,6 +454,11 @@ class Rubris:
     def stats(self) -> Stats:
         return collect_stats(self.engine, self.broker)
 
+    def _wake_scheduler(self) -> None:
+        """Work arrived while the scheduler's task sleeps (none runs while stopped)."""
+        if self._wake is not None:
+            self._wake.set()
+
     def _session_ended(self, s: Session) -> None:
         self.dispatcher.cancel_session(s)
         self.longpoll.session_ended(s)
@@ -521,7 +527,6 @@ class Rubris:
         self._loop = loop
         self._thread = threading.get_ident()
         self._wake = asyncio.Event()
-        self.engine.scheduler.wake = self._wake.set
         self._drain.reset()
         self.api.start_accepting()
         # plain `uvicorn app:app` waits for in-flight requests (a waiting poll: 25 s) before it
@@ -586,6 +591,6 @@ class Rubris:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._batches.flush(), self.config.timing.shutdown_drain)
             await self._batches.store.close()
-        self.engine.scheduler.wake = lambda: None
+        self._wake = None
         self._loop = None
         self._thread = 0

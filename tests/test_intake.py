@@ -103,9 +103,8 @@ def test_fill_is_the_larger_ratio() -> None:
 
 
 def test_an_idle_scheduler_is_woken() -> None:
-    e, _ = engine()
     woken = []
-    e.scheduler.wake = lambda: woken.append(1)
+    e = Engine(Config(), clock=FakeClock(), wake=lambda: woken.append(1))
     e.scheduler.idle = True
     assert e.offer([(e.topic("r", Mode.RING), b"1")])
     assert woken == [1] and e.scheduler.has_work()

@@ -238,13 +238,13 @@ def test_cycle_visits_only_active_sessions() -> None:
     sched = e.scheduler
     # after the fan-out only the one subscriber of the changed topic is pending
     visited: list[object] = []
-    real_serve = sched._serve
+    real_serve = sched.frames.serve
 
-    def counting_serve(session: object) -> bool:
+    def counting_serve(session: object, now: float) -> bool:
         visited.append(session)
-        return real_serve(session)  # type: ignore[arg-type]
+        return real_serve(session, now)  # type: ignore[arg-type]
 
-    sched._serve = counting_serve  # type: ignore[method-assign]
+    sched.frames.serve = counting_serve  # type: ignore[method-assign]
     sched.run_cycle()
     assert visited == [s]
 
@@ -542,9 +542,8 @@ async def test_a_penalty_set_while_the_loop_sleeps_ends_on_time() -> None:
     WebSocket transport does) while the scheduler's loop sleeps with no timer: the loop must
     wake for that hold, or the session's waiting messages stay undelivered until some other
     work happens to come (in tests/test_large.py: until the client timed out)."""
-    engine = Engine()  # the real clock: the loop sleeps in real time
     wake = asyncio.Event()
-    engine.scheduler.wake = wake.set
+    engine = Engine(wake=wake.set)  # the real clock: the loop sleeps in real time
     s, sink = connect(engine, auto=False)  # frames stay "on the wire" until complete()
     t = engine.topic("t", Mode.RING)
     engine.subscribe(s, t, 1, 0, 0)

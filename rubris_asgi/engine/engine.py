@@ -63,10 +63,11 @@ class Engine(QueueOperations):
         compressor: Compressor | None = None,
         on_session_end: Callable[[Session], None] | None = None,
         on_item_end: Callable[[str, bool], None] | None = None,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
-        """``on_session_end(session)``: told when a session ends (the app's, to forget it);
-        ``on_item_end(batch_item, failed)``: told when a queue item carrying a batch item ends
-        (batch tracking's hand-over to its store)."""
+        """Told: ``on_session_end(session)`` as a session ends; ``on_item_end(batch_item,
+        failed)`` as a queue item carrying a batch item ends (batch tracking's hand-over to its
+        store); ``wake()`` as work arrives while the scheduler's runner sleeps."""
         self.config = config or Config()
         self.clock = clock
         self.on_session_end = on_session_end
@@ -74,8 +75,14 @@ class Engine(QueueOperations):
         self.pool = WriterPool(self.config.pool)
         self.compression = Compression(compressor)
         self.telemetry = Telemetry()
-        self.scheduler = Scheduler(self.pool, clock, self.config.flow, self.telemetry)
-        self.scheduler.async_window = self.config.writer.async_window
+        self.scheduler = Scheduler(
+            self.pool,
+            clock,
+            self.config.flow,
+            self.telemetry,
+            wake=wake,
+            async_window=self.config.writer.async_window,
+        )
         self.topics: dict[str, SharedTopic] = {}
         self.queues: dict[str, QueueTopic] = {}
         self.sessions: dict[str, Session] = {}
@@ -98,22 +105,19 @@ class Engine(QueueOperations):
         """A distributed broker's (from :meth:`join`): every shared publish goes there to be
         numbered, and comes back through :meth:`apply`."""
         self.queue_home: QueueHome | None = None
-        """A distributed broker's (from :meth:`join`): where queue topics keep their waiting
-        items."""
+        """A distributed broker's (from :meth:`join`): where queue topics keep their items."""
 
     # other nodes (membership.py)
 
     def join(self, m: Membership) -> None:
-        """Share topics with other nodes through a started broker: its relay numbers every
-        shared publish, its queue home keeps the queues' items (those made already move
-        there)."""
+        """Share topics with other nodes through a started broker (its relay numbers every
+        shared publish; its queue home keeps the queues' items, those made already too)."""
         self.relay = m.relay
         self.session_prefix = m.session_prefix
         self.queue_home = home = m.queue_home
         if home is not None:
             for q in self.queues.values():
-                q.home = home
-                home.adopt(q)
+                q.rehome(home)
 
     def leave(self) -> None:
         """Alone again (the broker stopped): publishes numbered here, queue items kept here."""
@@ -121,7 +125,7 @@ class Engine(QueueOperations):
         home, self.queue_home = self.queue_home, None
         for q in self.queues.values():
             if q.home is home:
-                q.home = None
+                q.rehome(None)
 
     # sessions
 

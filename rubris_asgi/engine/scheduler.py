@@ -10,12 +10,9 @@ One publish reaching a thousand sockets::
                  2. deal         each queue topic with items and free consumers hands items
                                  to its consumers' lanes in rotation (queues/topic.py)
                  3. timers       sessions whose penalty or NAK hold has passed re-join the list
-                 4. serve        for each pending session that is READY: lease a buffer, take
-                                 the direct queue first, then one message per pending topic
-                                 (private and queue topics: up to their batch depth; a queue
-                                 item is tagged as its ITEM is built into the frame); topics
-                                 with more waiting rotate behind the ones not reached; stop when the
-                                 buffer is full; hand the frame to the transport (never awaited)
+                 4. serve        each pending session that is READY gets one frame, built
+                                 and handed to its transport (never awaited) by frames.py:
+                                 its direct queue, then one message per pending topic
 
 A cycle's cost is (sessions with work) × (their pending topics) plus the subscriptions of the
 topics that changed; it never walks all connected sessions or all subscriptions. ``publish`` does
@@ -27,21 +24,19 @@ client race ahead of another: the source document's skew argument).
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import islice
+from itertools import count, islice
 
 from ..config import FlowConfig
-from ..protocol import Gap, encode, encode_uv
-from ..protocol.wire import BYTE
-from .buffers import FrameBuffer, SizeClass, WriterPool
+from .buffers import WriterPool
 from .flow import current_interval
+from .frames import FrameBuilder
 from .intake import Intake
 from .queues import QueueSub, QueueTopic
 from .session import Session, SessionState
 from .telemetry import PROBE_SUBS, PROBES, Telemetry
-from .topics import PRIVATE, RING, SNAPSHOT, PrivateSub, SharedTopic, Sub
+from .topics import RING, SNAPSHOT, SharedTopic, Sub
 
 
 @dataclass
@@ -59,10 +54,6 @@ class CycleStats:
     gaps: int = 0
 
 
-BLOCK = SizeClass.BLOCK
-"""A message too large for a block goes out alone in a larger buffer (protocol.md section 5)."""
-
-
 def _noop() -> None:
     return None
 
@@ -76,28 +67,30 @@ class Scheduler:
         clock: Callable[[], float],
         flow: FlowConfig | None = None,
         telemetry: Telemetry | None = None,
+        *,
+        wake: Callable[[], None] = _noop,
+        async_window: int = 128,
     ) -> None:
+        """``wake()``: called when work arrives while the runner sleeps (``idle``)."""
         self.pool = pool
         self.clock = clock
         self.flow = flow or FlowConfig()
         self.dirty: list[SharedTopic] = []
         self.queues: list[QueueTopic] = []
         """Queue topics whose items or consumers changed: dealt at the next cycle's start."""
-        self.now = 0.0
-        """The current cycle's time (a queue delivery's send time)."""
         self.clients: list[Session] = []
         self.timers: list[tuple[float, int, Session]] = []
-        self._tie = itertools.count()
+        self._tie = count()
         self.stats = CycleStats()
+        self.frames = FrameBuilder(pool, self.stats, self._retry)  # each served session's frame
         self.telemetry = telemetry or Telemetry()
-        self.wake: Callable[[], None] = _noop
-        """Set by the async runner: called when work arrives while it sleeps."""
+        self.wake = wake
         self.idle = False
         self.intake: Intake | None = None
         """Publishes from outside the process, drained at the start of each cycle."""
         # the asynchronous-write window (WriterConfig.async_window): writes handed to a
         # server that completes them on its own threads, counted per slice of a cycle
-        self.async_window = 128
+        self.async_window = async_window
         self.writes_out = 0
         """Asynchronous writes of the current slice not yet done."""
         self.slice = 0
@@ -119,6 +112,12 @@ class Scheduler:
         if self.idle:
             self.idle = False
             self.wake()
+
+    def _retry(self, s: Session) -> None:
+        """The pool had no lease for ``s``'s frame: the next cycle tries again."""
+        if not s.queued:
+            s.queued = True
+            self.clients.append(s)
 
     def _dealt(self, sub: QueueSub) -> None:
         s: Session = sub.session  # type: ignore[assignment]
@@ -183,7 +182,7 @@ class Scheduler:
 
     def run_cycle(self) -> int:
         """Run one cycle; returns the number of frames handed to transports."""
-        now = self.now = self.clock()
+        now = self.clock()
         stats = self.stats
         stats.cycles += 1
         intake = self.intake
@@ -226,6 +225,7 @@ class Scheduler:
         probes = self._probes(clients) if clients else None
         frames = 0
         window = self.async_window
+        serve = self.frames.serve
         rest = iter(clients)
         for s in rest:
             s.queued = False
@@ -234,7 +234,7 @@ class Scheduler:
             if s.hold_until > now:
                 self.hold(s, s.hold_until)
                 continue
-            if self._serve(s):
+            if serve(s, now):
                 frames += 1
                 if s.nak_interval:  # paced by its NAKs: its next frame waits
                     pause = current_interval(s, now, self.flow)
@@ -297,183 +297,3 @@ class Scheduler:
                 s: Session = sub.session  # type: ignore[assignment]
                 if stamp >= s.attached_at:
                     timed(s, at, stamp, weight)
-
-    def _serve(self, s: Session) -> bool:
-        """Build and hand over one frame for ``s``; the hot path of the whole engine."""
-        parts: list[bytes] = []
-        append = parts.append
-        size = 0
-        cap = 0
-        lease: FrameBuffer | None = None
-        full = False
-
-        direct = s.direct
-        while direct:
-            m = direct[0]
-            n = len(m)
-            if size + n > cap:
-                if size:
-                    full = True
-                    break
-                lease = self.pool.acquire(n)
-                if lease is None:
-                    return self._exhausted(s)
-                cap = lease.capacity if lease.size_class is BLOCK else n
-            direct.popleft()
-            append(m)
-            size += n
-
-        pend = s.pending
-        if pend and not full:
-            busy: list[Sub] = []
-            carry: Sub | None = None
-            it = iter(pend)
-            for sub in it:
-                mode = sub.mode
-                if mode == SNAPSHOT:
-                    t = sub.topic
-                    seq = t.seq  # type: ignore[union-attr]
-                    if seq == sub.cursor:
-                        continue
-                    m = t.msg  # type: ignore[union-attr]
-                    n = len(m)
-                    if size + n > cap:  # full, or the frame's first message: lease a buffer
-                        if size or (lease := self.pool.acquire(n)) is None:
-                            carry = sub
-                            full = True
-                            break
-                        cap = lease.capacity if lease.size_class is BLOCK else n
-                    append(m)
-                    size += n
-                    sub.cursor = seq
-                elif mode == RING:
-                    t = sub.topic
-                    c = sub.cursor
-                    head = t.seq  # type: ignore[union-attr]
-                    if c > head:
-                        continue
-                    m = t.ring[c % t.cap]  # type: ignore[union-attr]
-                    oldest = head - t.cap + 1  # type: ignore[union-attr]
-                    if c < oldest:
-                        # lapped: name exactly what is lost, then carry on from the oldest held
-                        m = encode(Gap(sub.number, c, oldest - c)) + t.ring[oldest % t.cap]  # type: ignore[union-attr]
-                        self.stats.gaps += 1
-                        c = oldest
-                    n = len(m)
-                    if size + n > cap:  # full, or the frame's first message: lease a buffer
-                        if size or (lease := self.pool.acquire(n)) is None:
-                            carry = sub
-                            full = True
-                            break
-                        cap = lease.capacity if lease.size_class is BLOCK else n
-                    append(m)
-                    size += n
-                    sub.cursor = c + 1
-                    if c < head:
-                        busy.append(sub)
-                elif mode == PRIVATE:
-                    q: PrivateSub = sub  # type: ignore[assignment]
-                    unsent = q.unsent
-                    unacked = q.unacked
-                    k = q.batch
-                    while unsent and k:
-                        item = unsent[0]
-                        m = item[1]
-                        n = len(m)
-                        if size + n > cap:
-                            if size or (lease := self.pool.acquire(n)) is None:
-                                full = True
-                                break
-                            cap = lease.capacity if lease.size_class is BLOCK else n
-                        unsent.popleft()
-                        unacked.append(item)
-                        append(m)
-                        size += n
-                        k -= 1
-                    if full:
-                        carry = sub
-                        break
-                    if unsent:
-                        busy.append(sub)
-                else:  # a queue topic: the items dealt to this consumer, tagged as they go
-                    qs: QueueSub = sub  # type: ignore[assignment]
-                    lane = qs.lane
-                    out = qs.outstanding
-                    if not out:  # deliveries go out: its CoDel and probe need ticks again
-                        qs.queue.active[qs] = None
-                    tag = qs.tag
-                    k = qs.queue.settings.batch
-                    topic_uv = encode_uv(qs.number)
-                    while lane and k:
-                        job = lane[0]
-                        # ITEM, as protocol.item_message builds it, with the topic's uv once
-                        attempt = job.attempt + 1
-                        body = (
-                            topic_uv
-                            + encode_uv(tag + 1)
-                            + (BYTE[attempt] if attempt < 0x80 else encode_uv(attempt))
-                            + job.payload
-                        )
-                        m = (b"\x8c" if job.compressed else b"\x0c") + encode_uv(len(body)) + body
-                        n = len(m)
-                        if size + n > cap:
-                            if size or (lease := self.pool.acquire(n)) is None:
-                                full = True
-                                break
-                            cap = lease.capacity if lease.size_class is BLOCK else n
-                        lane.popleft()
-                        tag += 1
-                        job.attempt += 1
-                        out[tag] = (job, self.now)
-                        append(m)
-                        size += n
-                        k -= 1
-                    qs.queue.stats.delivered += tag - qs.tag
-                    qs.tag = tag
-                    if full:
-                        carry = sub
-                        break
-                    if lane:
-                        busy.append(sub)
-            if carry is not None:
-                self.stats.deferred += 1
-                # not reached this cycle: first in line next cycle, in their order, then the
-                # busy ones, so a full buffer rotates through every topic
-                nxt = {carry: None}
-                for sub in it:
-                    nxt[sub] = None
-                for sub in busy:
-                    nxt[sub] = None
-                s.pending = nxt
-            elif busy:
-                s.pending = dict.fromkeys(busy)
-            else:
-                pend.clear()
-
-        if not parts:
-            if lease is not None:
-                self.pool.release(lease)
-            if s.has_work():  # the pool had no lease for the first message
-                self._exhausted(s)
-            return False
-        assert lease is not None
-        lease.size = size
-        frame = parts[0] if len(parts) == 1 else b"".join(parts)
-        stats = self.stats
-        stats.messages += len(parts)
-        stats.bytes += size
-        s.ready = False
-        sink = s.sink
-        if sink is None:  # detached between readiness and now: keep nothing half-done
-            self.pool.release(lease)
-            return False
-        sink.send_frame(frame, lease)
-        return True
-
-    def _exhausted(self, s: Session) -> bool:
-        # every lease is out: try again next cycle, nothing taken from the session
-        self.stats.exhausted += 1
-        if not s.queued:
-            s.queued = True
-            self.clients.append(s)
-        return False

@@ -9,8 +9,8 @@ A *private* topic belongs to one session and is lossless: ``PrivateSub`` keeps t
 yet sent and those sent but not yet covered by the client's cumulative ACK, bounded together by
 the channel's capacity, so a resumed session can be sent again what was in flight.
 
-The per-delivery logic lives in ``scheduler.py`` (inlined there for speed); this module holds the
-state and the operations outside the hot loop.
+The per-delivery logic lives in ``frames.py`` (the frame builder, inlined there for speed); this
+module holds the state and the operations outside the hot loop.
 """
 
 from __future__ import annotations

@@ -21,14 +21,14 @@ The one-byte uv (most topics, lengths, flags) is read inline. Parsers fill the f
 dataclass's slots directly: a frozen ``__init__`` goes through ``object.__setattr__`` for each
 field, which is most of the cost of decoding a small message.
 
-:func:`push_message` and :func:`item_message` stay hand-written: they are the fan-out and the
-queue-delivery paths, built without a dataclass. Every malformed input raises
-:class:`~rubris_asgi.errors.ProtocolError` with code 1 and a message naming the kind, the field
-and the frame offset; nothing else escapes the decoder. Kinds without a ``Rest`` or ``Uvs``
-field ignore bytes after their last field: a later protocol version may append fields, and an
-older reader must still understand the ones it knows. Unknown kinds are skipped by their
-length. The decoder accepts both directions' kinds and leaves it to the caller to refuse a kind
-sent the wrong way.
+:func:`push_message` and :func:`item_encoder` (and :func:`item_message`, one ITEM through it)
+stay hand-written: they are the fan-out and the queue-delivery paths, built without a
+dataclass. Every malformed input raises :class:`~rubris_asgi.errors.ProtocolError` with code 1
+and a message naming the kind, the field and the frame offset; nothing else escapes the
+decoder. Kinds without a ``Rest`` or ``Uvs`` field ignore bytes after their last field: a later
+protocol version may append fields, and an older reader must still understand the ones it
+knows. Unknown kinds are skipped by their length. The decoder accepts both directions' kinds
+and leaves it to the caller to refuse a kind sent the wrong way.
 """
 
 from __future__ import annotations
@@ -203,12 +203,35 @@ def push_message(topic: int, seq: int, payload: bytes, compressed: bool = False)
     )
 
 
+ItemEncoder: TypeAlias = Callable[[int, int, bytes, bool], bytes]
+"""``(tag, attempt, payload, compressed)`` to a whole ITEM message of one queue topic."""
+
+
+def item_encoder(topic: int) -> ItemEncoder:
+    """The ITEM encoder of queue topic ``topic``: its uv is worked out here, once, instead of for
+    each delivery (a queue topic keeps its encoder; the frame builder calls it per item)."""
+    topic_uv = encode_uv(topic)
+
+    def encode_item(tag: int, attempt: int, payload: bytes, compressed: bool) -> bytes:
+        # an attempt is nearly always 1 or a few: its cached byte, without a call
+        head = (
+            topic_uv
+            + encode_uv(tag)
+            + (BYTE[attempt] if 0 <= attempt < 0x80 else encode_uv(attempt))
+        )
+        return (
+            (b"\x8c" if compressed else b"\x0c")
+            + encode_uv(len(head) + len(payload))
+            + head
+            + payload
+        )
+
+    return encode_item
+
+
 def item_message(topic: int, tag: int, attempt: int, payload: bytes, compressed: bool) -> bytes:
     """A whole ITEM message: one delivery of a queue item, built when it is sent."""
-    head = encode_uv(topic) + encode_uv(tag) + encode_uv(attempt)
-    return (
-        (b"\x8c" if compressed else b"\x0c") + encode_uv(len(head) + len(payload)) + head + payload
-    )
+    return item_encoder(topic)(tag, attempt, payload, compressed)
 
 
 def encode(msg: Message) -> bytes:

@@ -90,12 +90,11 @@ class QueueOperations:
             settings=settings,
             compress_at=ch.compress_at,
             on_dirty=self.scheduler.queue_dirty,
+            on_item_end=self.on_item_end,
         )
-        q.on_item_end = self.on_item_end
         self.queues[name] = q
-        if self.queue_home is not None:
-            q.home = self.queue_home
-            q.home.adopt(q)
+        if self.queue_home is not None:  # several nodes: its items wait in their home
+            q.rehome(self.queue_home)
         dl = settings.dead_letter
         if dl is not None and dl != name:
             found = registry.match(dl)

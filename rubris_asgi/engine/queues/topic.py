@@ -10,7 +10,7 @@ Memory is bounded: ``max_length`` waiting items, plus at most the prefetch of ea
 Given-back items are never refused, so the waiting count may pass ``max_length`` by what the
 consumers held; new items are refused until it is back under.
 
-With a *home* (``QueueHome``: brokers/redis_queues.py), the waiting items live there, shared by
+With a *home* (``QueueHome``: cluster/redis/queues.py), the waiting items live there, shared by
 every node: ``put`` sends a new item home, ``ready`` holds only what this node took for its
 consumers' free prefetch, and an item leaves this node's custody through ``settle`` (ACKed,
 given back to the head, dead-lettered or dropped). Alone, ``home`` is None and nothing of this
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ...errors import QueueFull
+from ...protocol.codec import ItemEncoder, item_encoder
 from .dedup import IdWindow
 from .producers import QueueProducers
 from .settings import QueueSettings
@@ -163,6 +164,7 @@ class QueueTopic:
         "on_item_end",
         "home",
         "producers",
+        "encode_item",
         "_on_dirty",
     )
 
@@ -176,6 +178,8 @@ class QueueTopic:
         settings: QueueSettings,
         compress_at: int | None,
         on_dirty: Callable[[QueueTopic], None],
+        on_item_end: Callable[[str, bool], None] | None = None,
+        home: QueueHome | None = None,
     ) -> None:
         self.name = name
         self.number = number
@@ -196,15 +200,24 @@ class QueueTopic:
         """Where items past the delivery limit go (resolved from ``settings.dead_letter``)."""
         self.waiters: deque[Callable[[], None]] = deque()
         """Producers waiting for room (``Rubris.put``): called, and forgotten, when it frees."""
-        self.on_item_end: Callable[[str, bool], None] | None = None
+        self.on_item_end = on_item_end
         """Told ``(batch_item, failed)`` when an item carrying one ends: ACKed (done) or
         dead-lettered (failed)."""
-        self.home: QueueHome | None = None
-        """Where the waiting items live when nodes share them; None alone."""
+        self.home = home
+        """Where the waiting items live when nodes share them (``rehome``); None alone."""
         self.producers: QueueProducers | None = None
         """The sessions that PUBLISHed items here lately and the FLOW level they were told
         (producers.py); made by the engine at the first client PUBLISH."""
+        self.encode_item: ItemEncoder = item_encoder(number)
+        """Its deliveries' ITEM bytes, the topic's uv worked out once (frames.py sends them)."""
         self._on_dirty = on_dirty
+
+    def rehome(self, home: QueueHome | None) -> None:
+        """Keep the waiting items at ``home`` from now on (a broker's, as the engine joins
+        other nodes: it adopts the topic and takes what waits here), or here again (None)."""
+        self.home = home
+        if home is not None:
+            home.adopt(self)
 
     # producing
 

@@ -17,8 +17,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from rubris_asgi import Rubris, Server, Session
-from rubris_asgi.client import Client
-from rubris_asgi.client import Publisher, SyncPublisher
+from rubris_asgi.client import Client, Publisher, SyncPublisher
 
 TOKEN = os.environ.get("RUBRIS_API_TOKEN", "example-token")  # from your secrets in real life
 

@@ -504,16 +504,22 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_INTERRUPTED
 
 
-def catalog_report(url: str, token: str, head: int) -> str:
-    """What the catalog's write did, as its batch's announcement on ``pipeline.batches`` says:
-    the jobs the batch tracks are the ones really enqueued (a duplicate id adds none)."""
+def catalog_report(url: str, token: str, head: int, *, wait: float = 3.0) -> str:
+    """What the catalog's write did, as its batch's announcement on ``pipeline.batches`` (after
+    seq `head`) says: the jobs the batch tracks are the ones really enqueued (a duplicate id
+    adds none). The announcement goes through the server's intake: it is waited for a moment."""
     rows = len(SYMBOLS) * len(BOOKS)
-    try:
-        sealed = [a for a in announcements(url, token, head) if "rows" in a]
-    except Exception as exc:  # the report only: the write was done
-        return f"catalog: {rows} rows written (its batch's announcement unread: {exc})"
-    if not sealed:
-        return f"catalog: {rows} rows written; no batch of it announced on {ANNOUNCE}"
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            sealed = [a for a in announcements(url, token, head) if "rows" in a]
+        except Exception as exc:  # the report only: the write was done
+            return f"catalog: {rows} rows written (its batch's announcement unread: {exc})"
+        if sealed:
+            break
+        if time.monotonic() > deadline:
+            return f"catalog: {rows} rows written; no batch of it announced on {ANNOUNCE}"
+        time.sleep(0.05)
     a = sealed[-1]
     line = f"catalog: {a['total']} reprice jobs enqueued as batch {a['batch']} ({ANNOUNCE})"
     if a["total"] != a["rows"]:

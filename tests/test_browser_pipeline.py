@@ -60,7 +60,10 @@ WAIT_MS = 10_000
 CANDLES_MS = 60_000  # the first bars: the first micro-batch alone takes 15-30 s on 2 cores
 BATCH_MS = 60_000  # 200 jobs, most by the fast worker, a few by the page's own (slow) consumer
 JOBS = 200  # the catalog: 50 symbols x 4 books
-SCREENSHOT_CANDLES = 24  # wait for this many candles before the picture (best effort)
+DOCS_SCREENSHOT = os.environ.get("RUBRIS_UPDATE_DOCS_SCREENSHOT") == "1"
+# Candles waited for (best effort) before the final bars are compared and the picture taken: a
+# full chart for the docs' picture; else enough for several final bars (a candle a second)
+SCREENSHOT_CANDLES = 24 if DOCS_SCREENSHOT else 8
 FINAL_AFTER_S = 4.0  # a bar this much older than its window's end gets no more writes
 
 
@@ -278,9 +281,8 @@ def test_pipeline_panel_draws_bars_and_follows_the_catalog_batch(
         hint = demo.page.locator("#bars-empty").text_content() or ""
         assert " ".join(hint.split()) == (
             "No bars yet: start the pipeline with the command the demo printed at start-up (it "
-            "carries the demo's API token); with the demo started as RUBRIS_API_TOKEN=demo "
-            "python3 -m example_app, that is RUBRIS_API_TOKEN=demo python3 -m "
-            f"example_app.pipeline --url {url}"
+            "carries the demo's API token), or, with the demo started with RUBRIS_API_TOKEN=demo: "
+            f"RUBRIS_API_TOKEN=demo python3 -m example_app.pipeline --url {url}"
         )
         batches = demo.wait(
             f"""() => {{
@@ -421,7 +423,7 @@ def test_pipeline_panel_draws_bars_and_follows_the_catalog_batch(
         out = ROOT / "test-output" / "pipeline.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         demo.page.screenshot(path=str(out))
-        if os.environ.get("RUBRIS_UPDATE_DOCS_SCREENSHOT") == "1":
+        if DOCS_SCREENSHOT:
             shutil.copyfile(out, ROOT / "docs" / "images" / "pipeline.png")
 
         # Another symbol selected: the panel lets go of the old bars and follows the new ones.

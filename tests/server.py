@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -70,9 +71,21 @@ async def run_server(
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 15)
-        sock.close()
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), 15)
+        except asyncio.TimeoutError:
+            # say what the stop waits on (the tasks' stacks), then end it
+            stacks = io.StringIO()
+            for t in asyncio.all_tasks():
+                if t is not asyncio.current_task():
+                    t.print_stack(limit=6, file=stacks)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 5)
+            raise AssertionError(f"the server did not stop in 15 s:\n{stacks.getvalue()}") from None
+        finally:
+            sock.close()
 
 
 def _free_socket() -> socket.socket:

@@ -60,7 +60,7 @@ from .outbox import Entry, Outbox
 from .persistence import Persistence, read_persistence, require_durable
 from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, PoolBusy, check_pool, connect
 from .queues import RedisQueues
-from .reach import RETRY, Reach
+from .reach import RETRY, Reach, end_if_cancelled
 
 log = logging.getLogger("rubris_asgi.broker")
 
@@ -500,6 +500,7 @@ class RedisBroker(Broker):
                 delay = RETRY[0]
                 await self._listen(self._pubsub)
             except Exception as exc:  # DOWN, PoolBusy, or anything unexpected
+                end_if_cancelled()
                 if not isinstance(exc, (*DOWN, PoolBusy)):
                     # the reader must outlive anything: dead, it leaves every followed topic
                     # unheard, with nothing to tell the clients

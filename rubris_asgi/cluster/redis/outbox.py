@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from ...engine.topics import SharedTopic
 from ...errors import BrokerUnavailable
 from ..base import BrokerStats
+from .reach import end_if_cancelled
 
 log = logging.getLogger("rubris_asgi.broker")
 
@@ -103,6 +104,7 @@ class Outbox:
             try:
                 seqs = await send(batch, f"{node}:{next(self._batches)}")
             except Exception as exc:  # a script error: a bug, never a reason to stop
+                end_if_cancelled()
                 log.exception("Redis refused a batch of %d publishes; they are dropped", len(batch))
                 seqs = [0] * len(batch)
                 for entry in batch:

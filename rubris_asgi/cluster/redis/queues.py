@@ -50,7 +50,7 @@ from ...engine.queues import QueueItem, QueueTopic
 from ...errors import BrokerUnavailable, QueueFull
 from . import queues_lua as scripts
 from .nodes import DOWN
-from .reach import Reach
+from .reach import Reach, end_if_cancelled
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -386,6 +386,7 @@ class RedisQueues:
                     self._withdrawn(answer[1 : 1 + n], ops)
                     self._lengths(answer, 1 + n)
                 except Exception:  # a script error: a bug, never a reason to stop
+                    end_if_cancelled()
                     log.exception("Redis refused to settle %d queue items", len(ops))
                 self._settling = []
 
@@ -400,6 +401,7 @@ class RedisQueues:
         try:
             answer = await self._call("ENQUEUE", args)
         except Exception:
+            end_if_cancelled()
             log.exception("Redis refused a batch of %d queue items; they are dropped", len(batch))
             answer = [1] * len(batch)
         for _ in batch:
@@ -538,6 +540,8 @@ class RedisQueues:
             except (*DOWN, BrokerUnavailable):
                 # the next beat tries again (the writer's retries say when Redis is back); a
                 # BrokerUnavailable here only waited for a free connection of this node's
+                end_if_cancelled()
                 continue
             except Exception:
+                end_if_cancelled()
                 log.exception("queue heartbeat failed")

@@ -28,6 +28,17 @@ on a Redis that is away costs a refused connection."""
 T = TypeVar("T")
 
 
+def end_if_cancelled() -> None:
+    """Raise ``CancelledError`` when the running task was asked to stop. A loop that carries on
+    after a failure calls this first: a cancel that arrives during a Redis command can come out
+    as redis-py's own error instead of ``CancelledError``, and the loop, taking it for Redis
+    away, would retry for ever while ``stop()`` waits for it."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+; on 3.10 the cancel stays lost
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
+
+
 class Reach:
     """Whether Redis answered the latest call of any part of this node."""
 
@@ -71,8 +82,10 @@ class Reach:
             try:
                 answer = await call()
             except PoolBusy:
+                end_if_cancelled()
                 continue  # it waited pool_timeout already
             except DOWN as exc:
+                end_if_cancelled()
                 self.lost(who, exc)
                 await self.pause(delay)
                 delay = min(2 * delay, RETRY[1])

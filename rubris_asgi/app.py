@@ -134,8 +134,8 @@ class Rubris:
         cluster = cluster_from(broker)
         self.broker = cluster.broker
         """Where shared publishes are numbered: this process (``LocalBroker``) or Redis."""
-        if batches is True and self.broker.distributed:  # every worker sees every batch
-            batches = cluster.batch_store if cluster.batch_store is not None else True
+        if batches is True and cluster.batch_store is not None:  # every node sees every batch
+            batches = cluster.batch_store
         self._batches = Batches.from_spec(batches, config)
         self.engine = Engine(
             config,

@@ -123,9 +123,10 @@ class Engine(QueueOperations):
         """Alone again (the broker stopped): publishes numbered here, queue items kept here."""
         self.relay = None
         home, self.queue_home = self.queue_home, None
-        for q in self.queues.values():
-            if q.home is home:
-                q.rehome(None)
+        if home is not None:
+            for q in self.queues.values():
+                if q.home is home:
+                    q.rehome(None)
 
     # sessions
 

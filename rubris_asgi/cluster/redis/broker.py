@@ -137,8 +137,6 @@ class RedisBroker(Broker):
         self.url = url
         self.prefix = prefix
         self.ttl_ms = str(int(history_ttl * 1000))
-        self.outbox_messages = outbox_messages
-        self.outbox_bytes = outbox_bytes
         self.connect_timeout = connect_timeout
         self.max_connections = max_connections
         self.pool_timeout = pool_timeout

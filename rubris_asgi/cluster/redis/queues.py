@@ -50,6 +50,7 @@ from ...engine.queues import QueueItem, QueueTopic
 from ...errors import BrokerUnavailable, QueueFull
 from . import queues_lua as scripts
 from .nodes import DOWN
+from .outbox import Outbox
 from .reach import Reach, end_if_cancelled
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class Carrier(Protocol):
 
     prefix: str
     node: str
-    outbox_messages: int
+    outbox: Outbox
 
     @property
     def redis(self) -> Redis: ...
@@ -247,7 +248,7 @@ class RedisQueues:
 
     def free(self, q: QueueTopic) -> int:
         v = self._views[q.name]
-        room = min(self.broker.outbox_messages - len(self._puts), PENDING_MAX - v.pending)
+        room = min(self.broker.outbox.messages - len(self._puts), PENDING_MAX - v.pending)
         return min(q.settings.max_length - max(v.length, 0) - v.pending, room)
 
     def waiting(self, q: QueueTopic) -> int:
@@ -261,7 +262,7 @@ class RedisQueues:
             raise BrokerUnavailable("Redis is unreachable: item refused, try again shortly")
         if self.free(q) < 1:
             v = self._views[q.name]
-            if v.pending >= PENDING_MAX or len(self._puts) >= self.broker.outbox_messages:
+            if v.pending >= PENDING_MAX or len(self._puts) >= self.broker.outbox.messages:
                 raise QueueFull(f"queue {q.name!r}: too many items on their way to Redis")
             raise QueueFull(f"queue {q.name!r} is full ({q.settings.max_length} waiting)")
         self._send(q, item)

@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import itertools
 import os
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ from .market import SYMBOLS, Market
 
 STATIC = Path(__file__).parent / "static"
 
-API_TOKEN = os.environ.get("RUBRIS_API_TOKEN") or secrets.token_urlsafe(16)
+API_TOKEN = os.environ.get("RUBRIS_API_TOKEN") or clustering.new_token()
 
 REDIS_URL = clustering.redis_url()
 """RUBRIS_REDIS_URL: the Redis that several workers share (cluster.py); None: one process."""

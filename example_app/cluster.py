@@ -89,6 +89,15 @@ return 0
 """Compare-and-expire: ``ARGV[2]`` ms more if ``ARGV[1]`` still holds the lease (0: release)."""
 
 
+def new_token() -> str:
+    """A random API token for a demo started without one: 128 bits in hex.
+
+    Hex, not ``token_urlsafe``: a URL-safe token starts with ``-`` one time in 64, and a command
+    line ``--token -x...`` is then read as an option (argparse: "expected one argument").
+    """
+    return secrets.token_hex(16)
+
+
 def redis_url() -> str | None:
     """The Redis the workers share (``$RUBRIS_REDIS_URL``, which rubris reads too), or None."""
     return os.environ.get(REDIS_ENV) or None
@@ -108,7 +117,7 @@ def prepare_workers(workers: int) -> str | None:
             f" {REDIS_ENV}=redis://127.0.0.1:6379/0 (a redis-server with --appendonly yes)"
         )
     if not os.environ.get("RUBRIS_API_TOKEN"):
-        os.environ["RUBRIS_API_TOKEN"] = secrets.token_urlsafe(16)
+        os.environ["RUBRIS_API_TOKEN"] = new_token()
     if any(os.environ.get(name) for name in STATS_ENV):
         return None
     made = tempfile.mkdtemp(prefix="rubris-demo-stats-")

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from example_app.cluster import new_token
 from example_app.market import SYMBOLS
 from example_app.pipeline import DemoError, check_demo, command
 
@@ -226,3 +227,11 @@ def test_ctrl_c_stops_the_running_pipeline_quietly(tmp_path: Path) -> None:
         f"{checkpoint} to go on from there"
     ), after
     assert sorted(p.name for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+
+
+def test_a_made_up_token_is_never_read_as_an_option() -> None:
+    """A demo's random token goes on a command line (``--token TOKEN``): it never starts with
+    ``-`` (a URL-safe token did one time in 64, and argparse then took it for an option)."""
+    tokens = {new_token() for _ in range(2000)}
+    assert len(tokens) == 2000
+    assert all(re.fullmatch(r"[0-9a-f]{32}", token) for token in tokens)

@@ -126,6 +126,11 @@ class WriterConfig:
     before it pauses for them: the cycle goes on once half are done (or after 2 ms). Without
     the pause a cycle of a thousand frames holds the event loop while the server's threads
     wait for it, and a thousand writes in flight at once outlive young garbage collections."""
+    direct_writes: bool = True
+    """Under uvicorn's WebSocket implementation (``websockets-sansio``, its default), write each
+    frame's prepared WebSocket bytes to the socket when its ``send`` would write at once, built
+    once for every client whose frame is the same (server/direct.py); False: every frame goes
+    through the ASGI ``send``. Other servers always use ``send``."""
 
     def __post_init__(self) -> None:
         _check_positive(self)

@@ -30,11 +30,14 @@ async def run_server(
     server: str = "uvicorn",
     drain: Rubris | None = None,
     log_level: str = "warning",
+    ws: str = "websockets-sansio",
+    ws_per_message_deflate: bool = False,
 ) -> AsyncIterator[str]:
     """Serve ``app``; yields its base URL, e.g. ``http://127.0.0.1:41234``.
 
     ``drain``: uvicorn as ``rubris_asgi.serve`` runs it (``Server``), draining that rubris
-    (GOODBYE 9) before uvicorn closes the connections."""
+    (GOODBYE 9) before uvicorn closes the connections. ``ws``, ``ws_per_message_deflate``:
+    uvicorn's WebSocket implementation and whether it agrees to permessage-deflate."""
     if server == "hypercorn":
         async with _hypercorn(app) as base:
             yield base
@@ -53,8 +56,8 @@ async def run_server(
         app,
         host="127.0.0.1",
         port=port,
-        ws="websockets-sansio",
-        ws_per_message_deflate=False,
+        ws=ws,
+        ws_per_message_deflate=ws_per_message_deflate,
         log_level=log_level,
         lifespan=lifespan,
     )

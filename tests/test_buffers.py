@@ -139,27 +139,16 @@ def test_check_size() -> None:
 def test_frame_buffer_fills_to_capacity() -> None:
     buf = FrameBuffer(SizeClass.BLOCK, 10)
     assert buf.fits(10) and not buf.fits(11)
-    buf.add(b"abcd")
-    assert buf.size == 4
+    buf.size = 4
     assert buf.fits(6) and not buf.fits(7)
-    buf.add(b"efghij")
-    assert buf.size == 10
+    buf.size = 10
     assert buf.fits(0) and not buf.fits(1)
-    assert buf.parts == [b"abcd", b"efghij"]
-    assert buf.frame() == b"abcdefghij"
 
 
 def test_frame_buffer_has_slots() -> None:
     buf = FrameBuffer(SizeClass.BLOCK, 10)
     with pytest.raises(AttributeError):
         buf.other = 1  # type: ignore[attr-defined]
-
-
-def test_frame_of_one_message_is_that_message() -> None:
-    buf = FrameBuffer(SizeClass.LARGE, 100)
-    msg = b"x" * 50
-    buf.add(msg)
-    assert buf.frame() == msg
 
 
 # --- leases ----------------------------------------------------------------------------------
@@ -225,15 +214,34 @@ def test_double_release_is_harmless() -> None:
     assert pool.acquire(10) is None
 
 
-def test_release_drops_the_messages() -> None:
-    pool = small_pool()
-    buf = pool.acquire(3)
+def test_a_shared_lease_returns_when_its_last_holder_releases_it() -> None:
+    pool = small_pool(blocks=1)
+    buf = pool.acquire(10)
     assert buf is not None
-    buf.add(b"abc")
-    assert buf.frame() == b"abc"
+    pool.share(buf)
+    pool.share(buf)  # three sessions' writes of the same bytes: one lease
+    assert (buf.holders, pool.stats.in_use_block, pool.stats.shared) == (3, 1, 2)
     pool.release(buf)
-    assert buf.released
-    assert buf.parts == []
+    pool.release(buf)
+    assert pool.stats.in_use_block == 1 and not buf.released
+    assert pool.acquire(10) is None  # still held by the third write
+    pool.release(buf)
+    assert buf.released and pool.stats.in_use_block == 0
+    pool.release(buf)  # a returned lease: nothing happens
+    assert pool.stats.in_use_block == 0 and buf.holders == 0
+
+
+def test_room_is_what_a_lease_would_give_and_take_takes_it() -> None:
+    pool = small_pool(blocks=1, large_blocks=1, unpooled=1)
+    assert pool.room(10) == 1000  # a block's size: later messages may join the frame
+    assert pool.room(2000) == 2000  # larger first messages go alone
+    assert pool.room(5000) == 5000
+    for first in (10, 2000, 5000):
+        pool.take(first)
+    assert (pool.room(10), pool.room(2000), pool.room(5000)) == (0, 0, 0)
+    assert pool.stats.exhausted == 3
+    with pytest.raises(MessageTooLarge):
+        pool.room(16001)
 
 
 def test_stats_and_peaks() -> None:

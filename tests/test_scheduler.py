@@ -567,3 +567,72 @@ async def test_a_penalty_set_while_the_loop_sleeps_ends_on_time() -> None:
         loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await loop
+
+
+# --- frames shared across sessions (issue 29): the same bytes, one lease, every rule kept ------
+
+
+def subscribed(e: Engine, topics: list[Any], n: int, *, auto: bool) -> list[RecordingSink]:
+    sinks = []
+    for _ in range(n):
+        s, sink = connect(e, auto=auto)
+        for i, t in enumerate(topics):
+            e.subscribe(s, t, i, 0, 0)
+        sinks.append(sink)
+    drain(e, 1)
+    for sink in sinks:
+        sink.complete()
+        sink.take()
+    return sinks
+
+
+def test_sessions_with_the_same_messages_share_one_frame_and_one_lease() -> None:
+    e = make_engine(blocks=4)  # far fewer blocks than sessions: shared, they all go out
+    topics = [e.topic(f"t{i}", Mode.RING) for i in range(10)]
+    sinks = subscribed(e, topics, 50, auto=False)
+    shared = e.pool.stats.shared  # the SUBSCRIBED frames were alike too
+    for t in topics:
+        e.publish(t, t.name)
+    e.scheduler.run_cycle()
+    frames = [sink.frames[0] for sink in sinks]
+    assert all(f is frames[0] for f in frames)  # joined once, not 50 times
+    assert [m[2] for m in pushes(sinks[7].messages()[0])] == [f'"t{i}"'.encode() for i in range(10)]
+    [lease] = {id(sink.held[0]): sink.held[0] for sink in sinks}.values()
+    assert (lease.holders, e.pool.stats.in_use_block, e.pool.stats.shared - shared) == (50, 1, 49)
+    for sink in sinks[:-1]:
+        sink.complete()
+    assert e.pool.stats.in_use_block == 1 and not lease.released  # one write still under way
+    sinks[-1].complete()
+    assert lease.released and e.pool.stats.in_use_block == 0
+
+
+def test_a_write_already_done_is_not_shared_but_its_bytes_are() -> None:
+    e = make_engine()
+    t = e.topic("t", Mode.RING)
+    sinks = subscribed(e, [t], 3, auto=True)  # written at once: each lease back before the next
+    e.publish(t, 1)
+    e.scheduler.run_cycle()
+    assert sinks[0].frames[0] is sinks[2].frames[0]
+    assert e.pool.stats.shared == 0 and e.pool.stats.in_use_block == 0
+
+
+def test_a_different_frame_in_the_middle_gets_its_own_bytes_and_lease() -> None:
+    e = make_engine()
+    t, u, v = (e.topic(name, Mode.RING) for name in "tuv")
+    a, b, c = subscribed(e, [t, u], 3, auto=False)
+    e.subscribe(b.session, v, 2, 0, 0)  # the middle session also has v
+    drain(e, 1)
+    b.complete()
+    b.take()
+    shared = e.pool.stats.shared
+    for topic in (t, u, v):
+        e.publish(topic, topic.name)
+    e.scheduler.run_cycle()
+    assert len(pushes(b.messages()[0])) == 3 and len(pushes(a.messages()[0])) == 2
+    assert a.frames[0] == c.frames[0] != b.frames[0]
+    # only the last frame built is shared: c's bytes are joined again, under a lease of their own
+    assert len({id(a.held[0]), id(b.held[0]), id(c.held[0])}) == 3
+    assert e.pool.stats.shared == shared and e.pool.stats.in_use_block == 3
+    for sink in (a, b, c):
+        sink.complete()
+    assert e.pool.stats.in_use_block == 0

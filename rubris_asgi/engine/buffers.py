@@ -59,38 +59,33 @@ class SizeClass(Enum):
 
 
 class FrameBuffer:
-    """One outbound frame under construction, holding a lease of ``capacity`` bytes.
+    """The lease of one outbound frame: ``capacity`` bytes of its size class, held until the
+    frame is written.
 
-    Messages are kept as the encoded ``bytes`` they already are and joined once by
-    :meth:`frame`; see the module docstring for why this beats copying into a reused buffer.
+    The frame itself is the builder's ``bytes`` (joined once; see the module docstring for why
+    that beats copying into a reused buffer). A frame handed to several sessions as the same
+    bytes (a shared frame, engine/frames.py) has one lease and one *holder* per session whose
+    write is under way; the lease returns to the pool when its last holder releases it.
     """
 
-    __slots__ = ("size_class", "capacity", "parts", "size", "released")
+    __slots__ = ("size_class", "capacity", "size", "holders", "released")
 
     def __init__(self, size_class: SizeClass, capacity: int) -> None:
         self.size_class = size_class
         self.capacity = capacity
-        self.parts: list[bytes] = []
         self.size = 0
+        self.holders = 1
+        """Writes of this frame not yet ended: each releases once."""
         self.released = False
 
     def fits(self, n: int) -> bool:
         """Whether a message of ``n`` bytes still fits in this frame."""
         return self.size + n <= self.capacity
 
-    def add(self, msg: bytes) -> None:
-        """Append a message; the caller has checked :meth:`fits` (not re-checked: hot path)."""
-        self.parts.append(msg)
-        self.size += len(msg)
-
-    def frame(self) -> bytes:
-        """The frame's bytes, ready for the transport."""
-        return b"".join(self.parts)
-
     def __repr__(self) -> str:
         return (
             f"FrameBuffer({self.size_class.name}, {self.size}/{self.capacity} bytes, "
-            f"{len(self.parts)} messages{', released' if self.released else ''})"
+            f"{self.holders} holders{', released' if self.released else ''})"
         )
 
 
@@ -99,14 +94,16 @@ class PoolStats:
     """Counters of a :class:`WriterPool`.
 
     ``block``, ``large`` and ``unpooled`` count leases taken on each path since start;
-    ``refused`` counts messages refused as larger than the maximum; ``exhausted`` counts
-    acquisitions refused because their class had no lease free. ``in_use_*`` are the leases held
-    now, ``peak_*`` the most held at once.
+    ``shared`` counts frames that joined the lease of the same bytes still being written to
+    another session (no lease taken); ``refused`` counts messages refused as larger than the
+    maximum; ``exhausted`` counts acquisitions refused because their class had no lease free.
+    ``in_use_*`` are the leases held now, ``peak_*`` the most held at once.
     """
 
     block: int = 0
     large: int = 0
     unpooled: int = 0
+    shared: int = 0
     refused: int = 0
     exhausted: int = 0
     in_use_block: int = 0
@@ -150,30 +147,45 @@ class WriterPool:
         """
         if first < 0:
             raise ValueError(f"message size must be >= 0, got {first}")
+        return self.take(first) if self.room(first) else None
+
+    def room(self, first: int) -> int:
+        """How many bytes a frame whose first message is ``first`` bytes long may hold, if its
+        class has a lease free (a block's size; a larger first message goes alone); 0 when it
+        has none (counted in ``exhausted``). The frame builder asks this at a frame's first
+        message and takes the lease with :meth:`take` once the frame is built: nothing else
+        takes a lease in between (one event loop), so the lease is there."""
         stats = self.stats
         config = self.config
         if first <= self._block_size:
-            if stats.in_use_block >= config.blocks:
-                stats.exhausted += 1
-                return None
+            if stats.in_use_block < config.blocks:
+                return self._block_size
+        elif first <= self._large_size:
+            if stats.in_use_large < config.large_blocks:
+                return first
+        else:
+            self.check_size(first)
+            if stats.in_use_unpooled < config.unpooled:
+                return first
+        stats.exhausted += 1
+        return 0
+
+    def take(self, first: int) -> FrameBuffer:
+        """The lease of a frame whose first message is ``first`` bytes long, when :meth:`room`
+        has said there is one (not checked again: the hot path)."""
+        stats = self.stats
+        if first <= self._block_size:
             stats.block += 1
             stats.in_use_block += 1
             if stats.in_use_block > stats.peak_block:
                 stats.peak_block = stats.in_use_block
             return FrameBuffer(SizeClass.BLOCK, self._block_size)
         if first <= self._large_size:
-            if stats.in_use_large >= config.large_blocks:
-                stats.exhausted += 1
-                return None
             stats.large += 1
             stats.in_use_large += 1
             if stats.in_use_large > stats.peak_large:
                 stats.peak_large = stats.in_use_large
             return FrameBuffer(SizeClass.LARGE, self._large_size)
-        self.check_size(first)
-        if stats.in_use_unpooled >= config.unpooled:
-            stats.exhausted += 1
-            return None
         # The original grows x2 from the large size; capping at the maximum keeps the bound
         # exact when max_scale is not large_scale times a power of two.
         capacity = self._large_size * 2
@@ -184,14 +196,21 @@ class WriterPool:
         stats.in_use_unpooled += 1
         return FrameBuffer(SizeClass.UNPOOLED, capacity)
 
+    def share(self, buf: FrameBuffer) -> None:
+        """One more session's write of the frame ``buf`` is the lease of (the same bytes, while
+        an earlier write of them is under way): it returns when the last of them is released."""
+        buf.holders += 1
+        self.stats.shared += 1
+
     def release(self, buf: FrameBuffer) -> None:
-        """Return the lease of a frame the transport has finished writing (idempotent)."""
+        """A write of the frame ``buf`` has ended (each holder releases once); the lease returns
+        when no write of it is under way. Releasing a returned lease does nothing."""
         if buf.released:
             return
+        buf.holders -= 1
+        if buf.holders > 0:
+            return
         buf.released = True
-        # The frame has been written; dropping the parts means a stale reference to the buffer
-        # (say in a session being torn down) cannot keep the messages alive.
-        buf.parts = []
         stats = self.stats
         size_class = buf.size_class
         if size_class is SizeClass.BLOCK:

@@ -52,6 +52,16 @@ class FrameBuilder:
         self.stats = stats
         self.retry = retry
         """Puts a session back in the next cycle: the pool had no lease free for its frame."""
+        # Frames shared across sessions: a session whose frame is the same messages as the
+        # last one built gets the same bytes (no join), and, while a write of them is under
+        # way, the same lease (one more holder). Transports reuse what they derive from a
+        # frame's bytes by its identity (server/direct.py: its WebSocket framing).
+        self.last_parts: list[bytes] = []
+        self.last_joined = b""
+        self.frame = b""
+        """The bytes of the latest lease taken."""
+        self.lease = FrameBuffer(BLOCK, 0)
+        self.lease.holders = 0  # a placeholder never taken from the pool: nothing shares it
 
     def serve(self, s: Session, now: float) -> bool:
         """Build and hand over one frame for ``s``; whether one went out. ``now`` is the cycle's
@@ -60,8 +70,8 @@ class FrameBuilder:
         append = parts.append
         size = 0
         cap = 0
-        lease: FrameBuffer | None = None
         full = False
+        room = self.pool.room
 
         direct = s.direct
         while direct:
@@ -71,10 +81,9 @@ class FrameBuilder:
                 if size:
                     full = True
                     break
-                lease = self.pool.acquire(n)
-                if lease is None:
+                cap = room(n)
+                if not cap:
                     return self._exhausted(s)
-                cap = lease.capacity if lease.size_class is BLOCK else n
             direct.popleft()
             append(m)
             size += n
@@ -93,12 +102,11 @@ class FrameBuilder:
                         continue
                     m = t.msg  # type: ignore[union-attr]
                     n = len(m)
-                    if size + n > cap:  # full, or the frame's first message: lease a buffer
-                        if size or (lease := self.pool.acquire(n)) is None:
+                    if size + n > cap:  # full, or the frame's first message: room for it?
+                        if size or not (cap := room(n)):
                             carry = sub
                             full = True
                             break
-                        cap = lease.capacity if lease.size_class is BLOCK else n
                     append(m)
                     size += n
                     sub.cursor = seq
@@ -116,12 +124,11 @@ class FrameBuilder:
                         self.stats.gaps += 1
                         c = oldest
                     n = len(m)
-                    if size + n > cap:  # full, or the frame's first message: lease a buffer
-                        if size or (lease := self.pool.acquire(n)) is None:
+                    if size + n > cap:  # full, or the frame's first message: room for it?
+                        if size or not (cap := room(n)):
                             carry = sub
                             full = True
                             break
-                        cap = lease.capacity if lease.size_class is BLOCK else n
                     append(m)
                     size += n
                     sub.cursor = c + 1
@@ -137,10 +144,9 @@ class FrameBuilder:
                         m = item[1]
                         n = len(m)
                         if size + n > cap:
-                            if size or (lease := self.pool.acquire(n)) is None:
+                            if size or not (cap := room(n)):
                                 full = True
                                 break
-                            cap = lease.capacity if lease.size_class is BLOCK else n
                         unsent.popleft()
                         unacked.append(item)
                         append(m)
@@ -167,10 +173,9 @@ class FrameBuilder:
                         m = encode_item(tag + 1, attempt, job.payload, job.compressed)
                         n = len(m)
                         if size + n > cap:
-                            if size or (lease := self.pool.acquire(n)) is None:
+                            if size or not (cap := room(n)):
                                 full = True
                                 break
-                            cap = lease.capacity if lease.size_class is BLOCK else n
                         lane.popleft()
                         tag += 1
                         job.attempt += 1
@@ -201,22 +206,32 @@ class FrameBuilder:
                 pend.clear()
 
         if not parts:
-            if lease is not None:
-                self.pool.release(lease)
             if s.has_work():  # the pool had no lease for the first message
                 self._exhausted(s)
             return False
-        assert lease is not None
-        lease.size = size
-        frame = parts[0] if len(parts) == 1 else b"".join(parts)
+        if len(parts) == 1:
+            frame = parts[0]  # the message itself: the same object for all its sessions
+        elif parts == self.last_parts:  # the same messages as the last frame joined
+            frame = self.last_joined
+        else:
+            frame = b"".join(parts)
+            self.last_parts = parts
+            self.last_joined = frame
         stats = self.stats
         stats.messages += len(parts)
         stats.bytes += size
         s.ready = False
         sink = s.sink
         if sink is None:  # detached between readiness and now: keep nothing half-done
-            self.pool.release(lease)
             return False
+        lease = self.lease
+        if frame is self.frame and lease.holders:  # the same bytes, still being written
+            self.pool.share(lease)
+        else:  # room() said yes at the first message, and no lease was taken since
+            lease = self.pool.take(len(parts[0]))
+            lease.size = size
+            self.frame = frame
+            self.lease = lease
         sink.send_frame(frame, lease)
         return True
 

@@ -61,6 +61,7 @@ _COUNTERS = (
     ("gaps", "GAP messages: ring subscribers lapped by their topic."),
     ("deferred_messages", "Messages that did not fit a full frame and waited for the next cycle."),
     ("pool_exhausted", "Frames not started because their size class had no lease free."),
+    ("pool_shared", "Frames sharing the lease of the same bytes written to another session."),
     ("pool_refused", "Messages refused as larger than the largest frame."),
     ("blocked_writes", "Frames the socket could not take at once."),
     ("failed_sends", "Blocked writes that took longer than blocked_after (each earns a penalty)."),

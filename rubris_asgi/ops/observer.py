@@ -112,6 +112,7 @@ class Observer:
                 "gaps": cycle.gaps,
                 "deferred_messages": cycle.deferred,
                 "pool_exhausted": pool.exhausted,
+                "pool_shared": pool.shared,
                 "pool_refused": pool.refused,
                 "blocked_writes": tel.blocked_writes,
                 "failed_sends": tel.failed_sends,

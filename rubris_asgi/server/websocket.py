@@ -20,6 +20,7 @@ import contextlib
 import logging
 from asyncio import Future
 from collections.abc import Coroutine
+from types import CoroutineType
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -30,6 +31,7 @@ from ..engine.flow import on_write_done
 from ..engine.session import Session, SessionState
 from ..errors import ErrorCode, ProtocolError
 from ..protocol import SUBPROTOCOL, Goodbye, encode
+from .direct import DirectSocket, binary_frame, direct_socket
 from .gateway import CLOSE_CODES, Gateway, resumed_id
 from .relay import Relays
 
@@ -48,6 +50,11 @@ class WebSocketTransport:
         self.relays = relays
         """With several nodes: connections that resume another node's session are carried
         to it."""
+        self.direct = gateway.config.writer.direct_writes
+        # the WebSocket bytes of the latest frame written directly: the clients whose frame
+        # is the same object (one topic's message, or a frame the builder shared) reuse them
+        self.last_frame = b""
+        self.last_wire = binary_frame(b"")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await WebSocketConnection(self, scope, receive, send).run()
@@ -89,6 +96,8 @@ class WebSocketConnection:
         "_w_done",
         "_w_slice",
         "_resume_cb",
+        "_receive",
+        "_direct",
     )
 
     def __init__(
@@ -98,6 +107,9 @@ class WebSocketConnection:
         self.gateway = transport.gateway
         self.ws = WebSocket(scope, receive, send)
         self._send = send  # the raw ASGI send: frames skip Starlette's per-call state checks
+        self._receive = receive  # the server's own, where it tells which server this is
+        self._direct: DirectSocket | None = None
+        """The socket written to without ``send`` (server/direct.py), once accepted."""
         self.session: Session | None = None
         self.writing_since = 0.0
         """When the write under way began, if one did not finish at once; else 0."""
@@ -125,8 +137,18 @@ class WebSocketConnection:
         if self.closed or s is None:
             engine.pool.release(lease)
             return
+        direct = self._direct
+        if direct is not None:
+            transport = self.transport
+            if frame is not transport.last_frame:
+                transport.last_frame = frame
+                transport.last_wire = binary_frame(frame)
+            if direct.write(transport.last_wire):
+                engine.frame_done(s, lease)
+                self._after_write(s)
+                return
         aw = self._send({"type": "websocket.send", "bytes": frame})
-        coro = isinstance(aw, Coroutine)
+        coro = type(aw) is CoroutineType  # not isinstance: an ABC check per frame adds up
         # a coroutine steps with send(None); a server whose send is a future (granian), or
         # another awaitable, through its __await__ iterator
         it: Any = aw if coro else aw.__await__()
@@ -252,6 +274,8 @@ class WebSocketConnection:
             return
         offered = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        if self.transport.direct:
+            self._direct = direct_socket(self._receive)
         refused = False
         try:
             if await self._handshake(user):

@@ -18,10 +18,12 @@ What we keep, and why memory is not recycled
     the memory itself would therefore be slower than not pooling it.
 
     What the pool still gives us is the *bound*. A :class:`WriterPool` hands out leases on
-    capacity rather than memory: a lease is taken when a frame is started, fixes that frame's
-    capacity (its size class) from the size of its first message, and is held until the transport
-    has finished writing the frame. The number of leases of each class is fixed, so the bytes of
-    outbound frames in flight never exceed::
+    capacity rather than memory: a frame's first message fixes its capacity (its size class) and
+    needs a lease of that class free (:meth:`WriterPool.room`); the lease is taken when the frame
+    is built and held until the transport has finished writing it. Sessions handed the same
+    bytes while a write of them is under way share its lease, one holder each (a shared frame is
+    one object in memory, however many sockets it goes to). The number of leases of each class
+    is fixed, so the bytes of outbound frames in flight never exceed::
 
         blocks * block_size + large_blocks * large_size + unpooled * max_size
 

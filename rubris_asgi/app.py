@@ -483,6 +483,11 @@ class Rubris:
             else:
                 await Response(reason, 503)(scope, receive, send)
             return
+        if scope["type"] == "websocket" and _route_path(scope) == "/ws":
+            # straight to the transport: the router's coroutine frames would stay suspended
+            # under every connection for its whole life (about 1 KB each)
+            await self.websocket(scope, receive, send)
+            return
         await self.router(scope, receive, send)
 
     async def _lp_open(self, request: Request) -> Response:
@@ -594,3 +599,13 @@ class Rubris:
         self._wake = None
         self._loop = None
         self._thread = 0
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below the mount (what Starlette's router matches): ``path`` without
+    ``root_path``."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] == "/":
+        return path[len(root) :]
+    return path

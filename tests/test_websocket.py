@@ -125,3 +125,29 @@ async def test_unknown_resume_token_gets_a_new_session() -> None:
             await ws.send(encode_frame([Hello(1, "nope.nope")]))
             [welcome] = await recv_msgs(ws, 1)
             assert isinstance(welcome, Welcome) and not welcome.resumed
+
+
+async def test_a_silent_client_is_closed_after_twice_the_heartbeat_and_can_resume() -> None:
+    from rubris_asgi import Timing
+
+    rubris = make_rubris(timing=Timing(heartbeat=0.5, session_timeout=5.0, poll_timeout=1.0))
+    async with run_server(starlette_app(rubris)) as base:
+        # ping_interval=None: the client library's own pings would keep the socket alive
+        async with connect(ws_url(base), compression=None, ping_interval=None) as ws:
+            await ws.send(encode_frame([Hello(1, ""), Subscribe(1, "snap.a", 0, 0, b"")]))
+            welcome, *_ = await recv_msgs(ws, 3)
+            assert isinstance(welcome, Welcome)
+            began = asyncio.get_running_loop().time()
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await asyncio.wait_for(ws.recv(), 5)
+            took = asyncio.get_running_loop().time() - began
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1000, "heartbeat timeout")
+        assert 0.9 < took < 2.5, took  # 2 x 0.5 s, found by the sweep of every 0.25 s
+        s = rubris.engine.sessions[welcome.session]
+        assert s.state.name == "DETACHED" and not rubris.websocket.connections
+        async with connect(ws_url(base), compression=None) as ws:
+            await ws.send(encode_frame([Hello(1, welcome.resume)]))
+            [again] = await recv_msgs(ws, 1)
+            assert isinstance(again, Welcome) and again.resumed and again.session == s.id

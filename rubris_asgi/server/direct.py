@@ -75,8 +75,9 @@ class DirectSocket:
 
 
 def direct_socket(receive: Any) -> DirectSocket | None:
-    """The :class:`DirectSocket` behind an ASGI ``receive``, or None where the server is not
-    one we know or the connection negotiated an extension (its frames are then the server's)."""
+    """The :class:`DirectSocket` behind an ASGI ``receive`` once the connection is accepted,
+    or None where the server is not one we know or the connection negotiated an extension (its
+    frames are then the server's). Lets go of the handshake that uvicorn would keep."""
     module = sys.modules.get(_SANSIO)
     proto = getattr(receive, "__self__", None)
     if module is None or proto is None or type(proto) is not module.WebSocketsSansIOProtocol:
@@ -87,4 +88,8 @@ def direct_socket(receive: Any) -> DirectSocket | None:
     state = getattr(conn, "state", None)  # websockets' State.OPEN once accepted
     if getattr(conn, "extensions", True) or getattr(state, "name", None) != "OPEN":
         return None
+    if hasattr(proto, "request") and hasattr(proto, "response"):
+        # uvicorn keeps the handshake's request and response (their headers: about 4 KB) for
+        # the connection's life, and reads them only until the accept is sent
+        proto.request = proto.response = None
     return DirectSocket(proto, state)

@@ -98,7 +98,8 @@ async def housekeeping(
     broker: Broker,
 ) -> None:
     """Expire detached sessions and idle long-poll sessions; end sessions blocked too long;
-    the broker's upkeep every ``BROKER_SWEEP`` seconds."""
+    close WebSockets silent for twice the heartbeat; the broker's upkeep every
+    ``BROKER_SWEEP`` seconds."""
     timing = config.timing
     writer = config.writer
     swept = engine.clock()
@@ -108,6 +109,7 @@ async def housekeeping(
         engine.expire()
         longpoll.expire(now)
         await websocket.close_blocked(now)
+        websocket.close_silent(now)
         if now - swept >= BROKER_SWEEP:
             swept = now
             broker.sweep(now)

@@ -467,6 +467,20 @@ class Rubris:
     # ASGI
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # a coroutine function, as servers expect of an ASGI 3 app (uvicorn tells ASGI 2 from 3
+        # by it); a WebSocket at /ws goes straight to its transport, not through the router,
+        # whose frames would stay suspended under every connection for its life (about 1 KB)
+        if (
+            scope["type"] == "websocket"
+            and self.started
+            and not self.draining
+            and _route_path(scope) == "/ws"
+        ):
+            await self.websocket(scope, receive, send)
+            return
+        await self._asgi(scope, receive, send)
+
+    async def _asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await lifespan_protocol(receive, send, self.start, self.stop)
             return
@@ -482,11 +496,6 @@ class Rubris:
                 await send({"type": "websocket.close", "code": 1013, "reason": reason})
             else:
                 await Response(reason, 503)(scope, receive, send)
-            return
-        if scope["type"] == "websocket" and _route_path(scope) == "/ws":
-            # straight to the transport: the router's coroutine frames would stay suspended
-            # under every connection for its whole life (about 1 KB each)
-            await self.websocket(scope, receive, send)
             return
         await self.router(scope, receive, send)
 

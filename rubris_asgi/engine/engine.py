@@ -12,6 +12,7 @@ import hmac
 import itertools
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -236,10 +237,9 @@ class Engine(QueueOperations):
         """Queue GOODBYE as the session's last message; the transport closes after it."""
         if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
             return
-        s.direct.clear()
         s.pending.clear()
         self._give_back_queues(s, lost=True)
-        s.direct.append(encode(Goodbye(code, reason)))
+        s.direct = deque((encode(Goodbye(code, reason)),))  # nothing else goes before it
         self.telemetry.error("goodbye", code)
         s.state = SessionState.CLOSING
         s.close_code = code
@@ -254,7 +254,7 @@ class Engine(QueueOperations):
         s.sink = None
         for sub in list(s.subs.values()):
             self._drop_sub(s, sub, lost=True)
-        s.direct.clear()
+        s.direct = None
         s.pending.clear()
         self.sessions.pop(s.id, None)
         if self.on_session_end is not None:
@@ -278,12 +278,15 @@ class Engine(QueueOperations):
         """Queue an encoded direct message (RESULT, STREAM, SUBSCRIBED, ...) for ``s``."""
         if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
             return
-        if len(s.direct) >= self.config.limits.max_direct_queue:
+        direct = s.direct
+        if direct is None:
+            direct = s.direct = deque()
+        elif len(direct) >= self.config.limits.max_direct_queue:
             self.telemetry.closed_backlog += 1
             self.close_session(s, ErrorCode.SLOW_CONSUMER, "direct queue full")
             return
         self.pool.check_size(len(msg))
-        s.direct.append(msg)
+        direct.append(msg)
         self.scheduler.client_pending(s)
 
     def _send_flow(self, fill: int, publishers: list[Any]) -> None:

@@ -74,7 +74,7 @@ class FrameBuilder:
         room = self.pool.room
 
         direct = s.direct
-        while direct:
+        while direct:  # None or empty: nothing direct
             m = direct[0]
             n = len(m)
             if size + n > cap:
@@ -87,6 +87,8 @@ class FrameBuilder:
             direct.popleft()
             append(m)
             size += n
+        if direct is not None and not direct:
+            s.direct = None  # all sent: the deque goes (a session's next one is made anew)
 
         pend = s.pending
         if pend and not full:

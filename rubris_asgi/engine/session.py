@@ -95,8 +95,9 @@ class Session:
         """Subscriptions by topic number."""
         self.names: dict[str, Sub] = {}
         """Subscriptions by topic name."""
-        self.direct: deque[bytes] = deque()
-        """Encoded RESULT/STREAM/SUBSCRIBED/... messages, sent first, in order."""
+        self.direct: deque[bytes] | None = None
+        """Encoded RESULT/STREAM/SUBSCRIBED/... messages, sent first, in order; None when there
+        are none (a deque is 760 bytes: made when a message comes, dropped once all are sent)."""
         self.pending: dict[Sub, None] = {}
         """Subscriptions with something to send: an ordered set, so repeats coalesce."""
         self.queued = False
@@ -112,8 +113,8 @@ class Session:
         self.nak_interval = 0.0
         self.nak_fill = 0
         self.nak_at = 0.0
-        self.calls: set[int] = set()
-        """Call ids in flight."""
+        self.calls: set[int] | None = None
+        """Call ids in flight (None until the first call: an empty set is 216 bytes)."""
         self.detached_at = 0.0
         self.attached_at = 0.0
         """When its latest connection began (publish-to-frame leaves out older messages)."""

@@ -186,7 +186,7 @@ class Observer:
             blocked += blocked_for > 0
             paced += interval > 0
             penalised += held_for > 0 and not interval
-            backlog = len(s.direct) + len(s.pending)
+            backlog = len(s.direct or ()) + len(s.pending)
             if blocked_for or failed or held_for or interval:
                 slow.append(((blocked_for, failed, held_for, interval, backlog), s, interval))
         sessions = {

@@ -257,9 +257,12 @@ class Dispatcher:
         if method is None:
             self._error(s, m.call, ErrorCode.UNKNOWN, "unknown method")
             return
-        if m.call in s.calls:
+        calls = s.calls
+        if calls is None:
+            calls = s.calls = set()
+        if m.call in calls:
             raise ProtocolError(f"call id {m.call} is already in flight", ErrorCode.PROTOCOL)
-        if len(s.calls) >= self.config.limits.max_calls_in_flight:
+        if len(calls) >= self.config.limits.max_calls_in_flight:
             self._error(s, m.call, ErrorCode.TOO_MANY, "too many calls in flight")
             return
         try:
@@ -267,7 +270,7 @@ class Dispatcher:
         except ProtocolError as exc:
             self._error(s, m.call, exc.code, str(exc))
             return
-        s.calls.add(m.call)
+        calls.add(m.call)
         task = asyncio.get_running_loop().create_task(self._run_call(s, m.call, method, args))
         self.tasks.add(task)
         self.session_tasks.setdefault(s.id, set()).add(task)
@@ -318,14 +321,15 @@ class Dispatcher:
             log.exception("method %r failed", method.name)
             self._error(s, call, ErrorCode.REJECTED, "internal error")
         finally:
-            s.calls.discard(call)
+            if s.calls is not None:
+                s.calls.discard(call)
 
     async def _room(self, s: Session) -> None:
         # a streamed reply must not flood the direct queue of a client that reads slowly
         limit = self.config.limits.max_direct_queue // 2
         # polling, not an Event: an event per session would put a set() on every frame of the hot
         # path to serve the rare streamed reply that outruns its reader
-        while len(s.direct) > limit and s.state in _LIVE:  # noqa: ASYNC110
+        while len(s.direct or ()) > limit and s.state in _LIVE:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
 
     def _reply(self, kind: Kind, call: int, flag: int, value: Any) -> bytes:

@@ -50,6 +50,8 @@ class WebSocketTransport:
         self.relays = relays
         """With several nodes: connections that resume another node's session are carried
         to it."""
+        self.silent_checked = 0.0
+        """When :meth:`close_silent` last walked the connections."""
         self.direct = gateway.config.writer.direct_writes
         # the WebSocket bytes of the latest frame written directly: the clients whose frame
         # is the same object (one topic's message, or a frame the builder shared) reuse them
@@ -78,7 +80,11 @@ class WebSocketTransport:
         gone); their sessions wait for a resume. A sweep, not a timeout per receive: a
         ``wait_for`` around each ``receive`` keeps a task, a future and a timer per idle
         connection (1.8 KB of its memory)."""
-        limit = self.gateway.config.timing.heartbeat * 2
+        heartbeat = self.gateway.config.timing.heartbeat
+        if now < self.silent_checked + heartbeat / 4:
+            return  # a walk of every connection: a few times a heartbeat is enough
+        self.silent_checked = now
+        limit = heartbeat * 2
         for conn in list(self.connections):
             if not conn.closed and now - conn.heard > limit:
                 conn.fell_silent()

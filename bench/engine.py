@@ -37,6 +37,11 @@ class NullSink:
         self.frames = 0
         self.bytes = 0
 
+    def write_now(self, frame: bytes) -> bool:
+        self.frames += 1  # written at once, as a socket with room takes it (uvicorn)
+        self.bytes += len(frame)
+        return True
+
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
         self.frames += 1
         self.bytes += len(frame)

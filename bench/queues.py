@@ -271,6 +271,10 @@ class NullSink:
         self.session = session
         self.frames = 0
 
+    def write_now(self, frame: bytes) -> bool:
+        self.frames += 1  # written at once, as a socket with room takes it
+        return True
+
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
         self.frames += 1
         self.engine.frame_done(self.session, lease)

@@ -25,7 +25,11 @@ class FakeClock:
 
 @dataclass
 class RecordingSink:
-    """A transport that 'writes' at once (or holds frames when ``auto`` is off)."""
+    """A transport that 'writes' at once (or holds frames when ``auto`` is off).
+
+    ``at_once``: frames are written by ``write_now``, with no lease (a socket with room under
+    uvicorn); otherwise each is handed over with its lease and, with ``auto``, completed at once
+    (a server's ``send`` that finishes on its first step)."""
 
     engine: Engine
     session: Session
@@ -33,6 +37,12 @@ class RecordingSink:
     frames: list[bytes] = field(default_factory=list)
     held: list[FrameBuffer] = field(default_factory=list)
     writing_since: float = 0.0  # FrameSink's: frames are taken at once (or held, unwritten)
+    at_once: bool = False
+
+    def write_now(self, frame: bytes) -> bool:
+        if self.at_once:
+            self.frames.append(frame)
+        return self.at_once
 
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
         self.frames.append(frame)
@@ -55,9 +65,11 @@ class RecordingSink:
         return out
 
 
-def connect(engine: Engine, *, auto: bool = True) -> tuple[Session, RecordingSink]:
+def connect(
+    engine: Engine, *, auto: bool = True, at_once: bool = False
+) -> tuple[Session, RecordingSink]:
     s = engine.open_session()
-    sink = RecordingSink(engine, s, auto=auto)
+    sink = RecordingSink(engine, s, auto=auto, at_once=at_once)
     engine.attach(s, sink)
     return s, sink
 

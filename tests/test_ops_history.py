@@ -72,6 +72,9 @@ class PollSink:
         self.last_seen = self.engine.clock()
         self.engine.set_ready(self.session)
 
+    def write_now(self, frame: bytes) -> bool:
+        return False
+
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
         self.frames.append(frame)
         self.engine.pool.release(lease)  # answered; not ready until the client polls again

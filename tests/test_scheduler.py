@@ -636,3 +636,26 @@ def test_a_different_frame_in_the_middle_gets_its_own_bytes_and_lease() -> None:
     for sink in (a, b, c):
         sink.complete()
     assert e.pool.stats.in_use_block == 0
+
+
+def test_frames_written_at_once_take_no_lease_and_keep_every_rule() -> None:
+    e = make_engine(blocks=2)  # two leases for a thousand sessions: none is needed
+    t = e.topic("t", Mode.RING)
+    sinks = []
+    for i in range(1000):
+        s, sink = connect(e, at_once=True)
+        e.subscribe(s, t, i, 0, 0)
+        sinks.append(sink)
+    drain(e, 1)
+    for sink in sinks:
+        sink.take()
+    started = e.pool.stats.block
+    e.publish(t, 1)
+    e.publish(t, 2)  # two waiting: one a cycle, each session in the same cycle
+    e.scheduler.run_cycle()
+    assert all(pushes(sink.take()[0]) == [(t.number, 1, b"1")] for sink in sinks)
+    e.scheduler.run_cycle()
+    assert all(pushes(sink.take()[0]) == [(t.number, 2, b"2")] for sink in sinks)
+    stats = e.pool.stats
+    assert (stats.block - started, stats.in_use_block, stats.peak_block) == (2000, 0, 0)
+    assert all(sink.session.ready for sink in sinks)

@@ -19,11 +19,13 @@ What we keep, and why memory is not recycled
 
     What the pool still gives us is the *bound*. A :class:`WriterPool` hands out leases on
     capacity rather than memory: a frame's first message fixes its capacity (its size class) and
-    needs a lease of that class free (:meth:`WriterPool.room`); the lease is taken when the frame
-    is built and held until the transport has finished writing it. Sessions handed the same
-    bytes while a write of them is under way share its lease, one holder each (a shared frame is
-    one object in memory, however many sockets it goes to). The number of leases of each class
-    is fixed, so the bytes of outbound frames in flight never exceed::
+    needs a lease of that class free (:meth:`WriterPool.room`). A frame the transport writes at
+    once, whole, is done with and takes none; one that must wait (the socket is full, or the
+    server writes on its own threads, or a long-poll keeps it for the next poll) takes the lease
+    and holds it until it is written. Sessions handed the same bytes while a write of them is
+    under way share its lease, one holder each (a shared frame is one object in memory, however
+    many sockets it goes to). The number of leases of each class is fixed, so the bytes of
+    outbound frames in flight never exceed::
 
         blocks * block_size + large_blocks * large_size + unpooled * max_size
 
@@ -95,9 +97,10 @@ class FrameBuffer:
 class PoolStats:
     """Counters of a :class:`WriterPool`.
 
-    ``block``, ``large`` and ``unpooled`` count leases taken on each path since start;
-    ``shared`` counts frames that joined the lease of the same bytes still being written to
-    another session (no lease taken); ``refused`` counts messages refused as larger than the
+    ``block``, ``large`` and ``unpooled`` count frames started in each size class since start
+    (a frame written at once takes no lease, but its class tells the block size's fit all the
+    same); ``shared`` counts frames that joined the lease of the same bytes still being written
+    to another session (no lease taken); ``refused`` counts messages refused as larger than the
     maximum; ``exhausted`` counts acquisitions refused because their class had no lease free.
     ``in_use_*`` are the leases held now, ``peak_*`` the most held at once.
     """
@@ -155,19 +158,24 @@ class WriterPool:
         """How many bytes a frame whose first message is ``first`` bytes long may hold, if its
         class has a lease free (a block's size; a larger first message goes alone); 0 when it
         has none (counted in ``exhausted``). The frame builder asks this at a frame's first
-        message and takes the lease with :meth:`take` once the frame is built: nothing else
-        takes a lease in between (one event loop), so the lease is there."""
+        message, which then always goes into the frame: a frame started in the class, counted
+        here. The lease is taken with :meth:`take` once the frame is built, if the transport
+        cannot write it at once: nothing else takes a lease in between (one event loop), so
+        the lease is there."""
         stats = self.stats
         config = self.config
         if first <= self._block_size:
             if stats.in_use_block < config.blocks:
+                stats.block += 1
                 return self._block_size
         elif first <= self._large_size:
             if stats.in_use_large < config.large_blocks:
+                stats.large += 1
                 return first
         else:
             self.check_size(first)
             if stats.in_use_unpooled < config.unpooled:
+                stats.unpooled += 1
                 return first
         stats.exhausted += 1
         return 0
@@ -177,13 +185,11 @@ class WriterPool:
         has said there is one (not checked again: the hot path)."""
         stats = self.stats
         if first <= self._block_size:
-            stats.block += 1
             stats.in_use_block += 1
             if stats.in_use_block > stats.peak_block:
                 stats.peak_block = stats.in_use_block
             return FrameBuffer(SizeClass.BLOCK, self._block_size)
         if first <= self._large_size:
-            stats.large += 1
             stats.in_use_large += 1
             if stats.in_use_large > stats.peak_large:
                 stats.peak_large = stats.in_use_large
@@ -194,7 +200,6 @@ class WriterPool:
         while capacity < first:
             capacity *= 2
         capacity = min(capacity, self._max_size)
-        stats.unpooled += 1
         stats.in_use_unpooled += 1
         return FrameBuffer(SizeClass.UNPOOLED, capacity)
 

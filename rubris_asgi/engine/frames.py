@@ -46,12 +46,18 @@ class FrameBuilder:
     """Builds one frame for a session and hands it to the session's transport (never awaited)."""
 
     def __init__(
-        self, pool: WriterPool, stats: FrameCounters, retry: Callable[[Session], None]
+        self,
+        pool: WriterPool,
+        stats: FrameCounters,
+        retry: Callable[[Session], None],
+        again: Callable[[Session], None],
     ) -> None:
         self.pool = pool
         self.stats = stats
         self.retry = retry
         """Puts a session back in the next cycle: the pool had no lease free for its frame."""
+        self.again = again
+        """A session whose frame was written at once and has more to send: the next cycle."""
         # Frames shared across sessions: a session whose frame is the same messages as the
         # last one built gets the same bytes (no join), and, while a write of them is under
         # way, the same lease (one more holder). Transports reuse what they derive from a
@@ -222,10 +228,15 @@ class FrameBuilder:
         stats = self.stats
         stats.messages += len(parts)
         stats.bytes += size
-        s.ready = False
         sink = s.sink
         if sink is None:  # detached between readiness and now: keep nothing half-done
+            s.ready = False
             return False
+        if sink.write_now(frame):  # written whole, no waiting: no lease, ready again
+            if s.pending or s.direct:
+                self.again(s)
+            return True
+        s.ready = False
         lease = self.lease
         if frame is self.frame and lease.holders:  # the same bytes, still being written
             self.pool.share(lease)

@@ -82,7 +82,8 @@ class Scheduler:
         self.timers: list[tuple[float, int, Session]] = []
         self._tie = count()
         self.stats = CycleStats()
-        self.frames = FrameBuilder(pool, self.stats, self._retry)  # each served session's frame
+        # each served session's frame
+        self.frames = FrameBuilder(pool, self.stats, self._retry, self.client_pending)
         self.telemetry = telemetry or Telemetry()
         self.wake = wake
         self.idle = False

@@ -31,14 +31,21 @@ class SessionState(Enum):
 class FrameSink(Protocol):
     """What a transport offers the scheduler: take one frame, never block.
 
-    The transport owns the frame until it is written, then calls ``Engine.frame_done`` with the
-    lease, which releases the lease and makes the session ready again.
+    The builder first offers the frame to :meth:`write_now`; a transport that can write it at
+    once, without waiting, does and says True: the frame is done with, no lease was taken, and
+    the session is ready again. Otherwise the builder takes the frame's lease and hands both to
+    :meth:`send_frame`: the transport owns them until the frame is written, then calls
+    ``Engine.frame_done`` with the lease, which releases it and makes the session ready again.
     """
 
     @property
     def writing_since(self) -> float:
         """When the frame being written was handed over (the engine's clock); 0.0 when none
         is (read by the operations page: how long a write has been blocked)."""
+
+    def write_now(self, frame: bytes) -> bool:
+        """Write ``frame`` now if that needs no waiting (the socket takes it whole); False:
+        nothing was written, :meth:`send_frame` follows."""
 
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None: ...
 

@@ -175,7 +175,9 @@ def families(snapshots: Iterable[Snapshot]) -> Iterator[Metric]:
         "rubris_pool_leases_limit", "Writer-pool leases there are.", labels=[w, "size_class"]
     )
     taken = CounterMetricFamily(
-        "rubris_pool_leases", "Writer-pool leases taken.", labels=[w, "size_class"]
+        "rubris_pool_leases",
+        "Frames started by writer-pool size class (a lease each if its write must wait).",
+        labels=[w, "size_class"],
     )
     for s in snaps:
         for size_class, p in s["pool"].items():

@@ -279,6 +279,9 @@ class LongPollSession:
         self.left = False
         """The client went away during its latest poll (it closed, or its connection broke)."""
 
+    def write_now(self, frame: bytes) -> bool:
+        return False  # a poll's frame is kept, and its lease, until the next poll acknowledges it
+
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
         self.frame_no += 1
         self.last = frame

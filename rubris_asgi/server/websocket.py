@@ -152,22 +152,29 @@ class WebSocketConnection:
 
     # FrameSink: called from inside the scheduler's cycle, so it must never raise or await
 
+    def write_now(self, frame: bytes) -> bool:
+        """Under uvicorn, the frame's prepared bytes straight to the socket when its ``send``
+        would write at once (server/direct.py); False elsewhere and otherwise."""
+        direct = self._direct
+        if direct is None or self.closed:
+            return False
+        transport = self.transport
+        if frame is not transport.last_frame:  # a frame not seen just before: frame it
+            transport.last_frame = frame
+            transport.last_wire = binary_frame(frame)
+        if not direct.write(transport.last_wire):
+            return False
+        s = self.session
+        if s is not None and s.state is SessionState.CLOSING:
+            self._after_write(s)
+        return True
+
     def send_frame(self, frame: bytes, lease: FrameBuffer) -> None:
         engine = self.gateway.engine
         s = self.session
         if self.closed or s is None:
             engine.pool.release(lease)
             return
-        direct = self._direct
-        if direct is not None:
-            transport = self.transport
-            if frame is not transport.last_frame:
-                transport.last_frame = frame
-                transport.last_wire = binary_frame(frame)
-            if direct.write(transport.last_wire):
-                engine.frame_done(s, lease)
-                self._after_write(s)
-                return
         aw = self._send({"type": "websocket.send", "bytes": frame})
         coro = type(aw) is CoroutineType  # not isinstance: an ABC check per frame adds up
         # a coroutine steps with send(None); a server whose send is a future (granian), or

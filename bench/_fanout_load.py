@@ -3,7 +3,10 @@
 Each client opens ``{mount}/ws`` with ``websockets.asyncio.client.connect`` (subprotocol
 ``rubris.v1``, no permessage-deflate), sends HELLO and one SUBSCRIBE per topic in one frame,
 waits for WELCOME and every SUBSCRIBED (decoded with ``rubris_asgi.protocol.iter_messages``),
-then reads frames until it is closed.
+then reads frames until it is closed. Every client subscribes to all the topics, or with
+``per_client=K`` client ``i`` to K of the T: ``names[(i + j) % T]`` for ``j < K``, so each topic
+has ``N * K / T`` subscribers when T divides N (:func:`client_topics`). Clients connect at most
+``concurrency`` at a time (a semaphore: bounded parallel batches).
 
 The read loop is the load side's hot path, so it decodes only what it needs. For every PUSH it
 reads ``topic`` and ``seq`` (uv) and the publish stamp ``t`` from the payload, which the server
@@ -291,16 +294,34 @@ async def open_client(url: str, names: list[str], rec: Recorder, decode: str) ->
     return client
 
 
+def client_topics(i: int, names: list[str], per_client: int = 0) -> list[str]:
+    """The topics client ``i`` subscribes to: all of ``names`` (``per_client`` 0), or K of them
+    in a ring, ``names[(i + j) % T]`` for ``j < K``: with N clients every topic gets N * K / T
+    subscribers (give or take one when T does not divide N)."""
+    if per_client <= 0 or per_client >= len(names):
+        return names
+    t = len(names)
+    return [names[(i + j) % t] for j in range(per_client)]
+
+
 async def open_clients(
-    url: str, n: int, names: list[str], rec: Recorder, decode: str, concurrency: int = 200
+    url: str,
+    n: int,
+    names: list[str],
+    rec: Recorder,
+    decode: str,
+    concurrency: int = 200,
+    per_client: int = 0,
 ) -> list[Client]:
+    """``n`` clients, at most ``concurrency`` connecting at once; client ``i`` subscribes to
+    ``client_topics(i, names, per_client)``. Returned in order (client ``i`` at index ``i``)."""
     sem = asyncio.Semaphore(concurrency)
 
-    async def one() -> Client:
+    async def one(i: int) -> Client:
         async with sem:
-            return await open_client(url, names, rec, decode)
+            return await open_client(url, client_topics(i, names, per_client), rec, decode)
 
-    return list(await asyncio.gather(*(one() for _ in range(n))))
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
 async def pinger(clients: list[Client]) -> None:

@@ -9,10 +9,15 @@ wire format (rubris_asgi.protocol) lets the same load (bench/_fanout_load.py) me
 The publisher has the same control endpoints and stats shape as bench/_fanout_server.py's. A
 *round* is, for each topic ``bench.{t}``: encode ONE frame holding one PUSH (seq increasing per
 topic, payload orjson ``{"t": <stamp ns>, "i": <round>, "pad": "xxx..."}`` as Rubris's publisher
-sends it), then ``for ws in clients: await ws.send_bytes(frame)``, Starlette's
-``WebSocket.send_bytes`` awaited client after client: that is the plain loop. Open loop: rounds
+sends it), then ``for ws in subscribers[t]: await ws.send_bytes(frame)``, Starlette's
+``WebSocket.send_bytes`` awaited client after client: that is the plain loop. A topic's
+subscribers are the sockets whose first frame SUBSCRIBEd to it (a set per topic), so a client
+that takes only K of the T topics (bench/fanout.py ``--per-client K``) gets only those; with
+every client on every topic it is the same loop over all the sockets. Open loop: rounds
 at their scheduled times, stamped with the scheduled time, so a loop that falls behind shows as
-latency (no coordinated omission). Closed loop (``max``): rounds back to back, every send of a
+latency (no coordinated omission), yielding to the event loop between rounds (a loop that
+falls behind would otherwise starve its sockets' readers and the control requests; a send that
+does not block does not yield). Closed loop (``max``): rounds back to back, every send of a
 round awaited, yielding to the event loop between rounds. ``cycle.messages`` and
 ``cycle.frames`` count completed sends (one message a frame). Stopping lets the round under way
 finish, so every round counted is sent whole.
@@ -71,6 +76,7 @@ class PlainLoop:
         self.seqs = [0] * topics  # last seq sent, per topic
         self.pad = "x" * pad
         self.clients: set[WebSocket] = set()
+        self.subs: list[set[WebSocket]] = [set() for _ in range(topics)]  # per topic
         self.task: asyncio.Task[None] | None = None
         self.stopping = False
         self.in_round = False
@@ -95,12 +101,13 @@ class PlainLoop:
                 self.seqs[t] = seq
                 payload = orjson.dumps({"t": stamp_ns, "i": i, "pad": self.pad})
                 frame = encode(Push(t + 1, seq, payload))
-                for ws in list(self.clients):  # a copy: clients come and go while we await
+                subs = self.subs[t]
+                for ws in list(subs):  # a copy: clients come and go while we await
                     try:
                         await ws.send_bytes(frame)
-                    except Exception:  # gone: its reader drops it from the set
+                    except Exception:  # gone: its reader drops it from the sets
                         self.failed_sends += 1
-                        self.clients.discard(ws)
+                        subs.discard(ws)
                         continue
                     self.sends += 1
         finally:
@@ -111,7 +118,7 @@ class PlainLoop:
             self.task.cancel()
         self.task = None
         self.stopping = False
-        self.subscribers = len(self.clients) * len(self.names)
+        self.subscribers = sum(len(subs) for subs in self.subs)
         self.run_rounds = 0
         self.run_mode = mode
         self.max_late_ms = 0.0
@@ -142,6 +149,9 @@ class PlainLoop:
                     self.max_late_ms = late
                 await self.publish_round(due)
                 due += interval_ns
+                # a send that does not block does not yield: a loop that has fallen behind would
+                # otherwise keep the event loop (its readers, the control requests) to itself
+                await asyncio.sleep(0)
                 now = time.monotonic_ns()
             wait = (due - now) / 1e9
             if wait > 0:
@@ -179,18 +189,22 @@ class PlainLoop:
         except WebSocketDisconnect:
             return
         replies: list[Any] = [Welcome(secrets.token_hex(8), "", HEARTBEAT_MS, MAX_FRAME, False)]
+        numbers: list[int] = []
         for m in iter_messages(first):
             if type(m) is Subscribe:
                 number = self.numbers.get(m.name)
                 if number is None:
                     replies.append(Rejected(m.req, ErrorCode.UNKNOWN, "unknown topic"))
                 else:
+                    numbers.append(number)
                     head = self.seqs[number - 1]
                     replies.append(
                         Subscribed(m.req, number, Mode.RING, Codec.JSON, 1, head, False, m.name)
                     )
         await ws.send_bytes(encode_frame(replies))
         self.clients.add(ws)
+        for number in numbers:
+            self.subs[number - 1].add(ws)
         try:
             while True:
                 message = await ws.receive()
@@ -198,6 +212,8 @@ class PlainLoop:
                     break
         finally:
             self.clients.discard(ws)
+            for number in numbers:
+                self.subs[number - 1].discard(ws)
 
     def figures(self) -> dict[str, Any]:
         """The stats fields bench/fanout.py reads, in the shape the Rubris server gives them."""

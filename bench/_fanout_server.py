@@ -25,7 +25,11 @@ Control endpoints (127.0.0.1 only, used by the load process between phases):
 
 A *round* is one message published to each of the T topics, one after the other, in one step
 of the event loop; every client subscribes to all T topics, so a round is T x clients
-deliveries. Open-loop rounds are paced by a schedule and stamped with their *scheduled* time,
+deliveries (or K of them, bench/fanout.py ``--per-client K``: then a round is K x clients
+deliveries; the publisher counts the subscriptions, whichever they are, when a run starts). The
+process raises its open-file limit to the hard limit (10,000 clients and more).
+
+Open-loop rounds are paced by a schedule and stamped with their *scheduled* time,
 so a server that falls behind (and so delays its own publisher) shows up as latency instead of
 silently publishing less (no coordinated omission).
 """

@@ -23,7 +23,10 @@ keeps its sockets in a set; a round encodes one PUSH frame per topic and awaits
 the same control endpoints, so the same load measures it.
 
 Every client subscribes to *all* T ring topics ``bench.0`` .. ``bench.{T-1}`` (ring of 1024, so
-nothing is conflated and every delivery counts). "1,000 clients x 10 topics" is therefore 10,000
+nothing is conflated and every delivery counts), unless ``--per-client K`` (with ``--clients``)
+has each take K of them in a ring: client i takes ``bench.{(i + j) % T}`` for j < K, so each topic
+has N * K / T subscribers, and a round is N * K deliveries (both servers send a topic's message
+to its subscribers only). "1,000 clients x 10 topics" is therefore 10,000
 subscriptions, and one publish *round* (one message to each topic) is 10,000 deliveries. The
 wide cases are 5,000 clients x 10 topics (50,000 subscriptions, up to 10 messages a frame) and
 5,000 clients x 1 topic (one message a frame: the per-frame cost). Payloads are ~80-byte orjson
@@ -53,7 +56,9 @@ server CPU seconds per million deliveries and server CPU % (its own window, from
 deliveries per server CPU-second (delivered/s over the server's CPU fraction), load CPU %, the
 server's garbage-collection time, per-core use of the machine, and server RSS per connection
 ((RSS after connecting - RSS before) / N, after a gc in the server; includes the session and
-its subscriptions, and the server's own buffers). A window in which other processes used one of
+its subscriptions, and the server's own buffers; in KiB of 1,024 bytes: the JSON's
+``server_rss_per_conn_kb`` has always been KiB too, ``server_rss_per_conn_kib`` is the same figure
+with 3 decimals). A window in which other processes used one of
 the two cores is marked ``NOISY`` and measured again (``--noisy-retries``, default 1); before
 each phase the run waits (``--quiet-wait``, up to 5 s) for both cores to be idle.
 
@@ -77,6 +82,41 @@ phase was sustained; then, per server, Rubris's latency p99 over the plain loop'
 10,000/s. Then the JSON object, and as the last line
 ``uvicorn_per_cpu_s=N hypercorn_per_cpu_s=N granian_per_cpu_s=N``: Rubris's deliveries per
 server CPU-second at 1,000 x 1, max phase (0 for a server that failed the case).
+
+    python bench/fanout.py --compare-plain           # about 7 minutes (3 rounds)
+    python bench/fanout.py --compare-plain --quick   # about 4 minutes (2 rounds, 0.5 s
+                                                     # warm-up and 3 s measured per phase)
+
+sets Rubris against the plain loop on uvicorn, side by side in one run, for three cases:
+
+    1,000 clients x 1 topic         open loop 10,000 deliveries/s, then max (closed loop)
+    1,000 clients x 10 topics       open loop 50,000 deliveries/s
+    10,000 clients, 2 of 10 topics  each topic 2,000 subscribers, 1 message/s per topic:
+                                    open loop 20,000 deliveries/s, one burst a second
+
+Each round (``--rounds``, default 3, ``--quick`` 2) runs every case for Rubris, then for the
+plain loop, each on a fresh server (pinned, NOISY phases measured again, as above), so each
+round gives one ratio rubris / plain measured side by side, and the medians of those ratios
+are the figures. The times above are a quiet machine's: NOISY phases measured again and the
+waits for idle cores add to them, and each 10,000-client connect takes about 20 s. At one
+round a second the window starts half a second after a burst and holds whole seconds, so no
+burst is cut at either end. 10,000 sockets: both processes raise their
+open-file limit to its hard limit, and the clients connect 200 at a time
+(``--connect-concurrency``; the server's per-connection cost, about 2 ms of its core, bounds
+this to ~20 s). The load's garbage collector is off while the clients are connected
+(``--load-gc``, default off here, on elsewhere): with 10,000 clients its pauses (100 ms and
+more) would be counted as the servers' latency. It prints a table: per case, phase, round and
+app, delivered/s, server CPU %, deliveries per server CPU-second, latency p50/p99, server RSS
+per connection (KiB), the load's CPU % (a note when the load, not the server, saturated), and
+the per-app medians; then each round's ratios rubris / plain (deliveries per server CPU-second,
+delivered/s, latency p99) and their medians. Then the JSON object (``plain_comparison``), and
+as the last line
+
+    per_cpu_vs_plain_1x1=R max_vs_plain_1x1=R per_cpu_vs_plain_1x10=R p99_10k_ms=N kib_per_conn=N
+
+the median over rounds of rubris / plain deliveries per server CPU-second at 1,000 x 1 10,000/s,
+at 1,000 x 1 max and at 1,000 x 10 50,000/s; rubris's median latency p99 (ms) and its server
+RSS per connection (KiB) in the 10,000-client case (``nan`` for a figure that failed).
 """
 
 from __future__ import annotations
@@ -89,10 +129,11 @@ import json
 import os
 import resource
 import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import uvloop
@@ -128,6 +169,10 @@ class Case:
     topics: int
     phases: list[str]
     results: list[dict[str, Any]] = field(default_factory=list)
+    per_client: int = 0
+    """Topics each client subscribes to, K of the T in a ring (0: all of them)."""
+    round: int = 0
+    """``--compare-plain``: which round of the comparison the case belongs to (from 1)."""
     quiet_wait_s: float = 0.0
     server: str = "uvicorn"
     app: str = "rubris"
@@ -222,6 +267,12 @@ class Server:
 # --------------------------------------------------------------------------- measuring
 
 
+def load_rss() -> int:
+    """This process's resident set, bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def load_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -304,8 +355,17 @@ async def run_phase(
     rounds_per_s: float,
     warmup: float,
     measure: float,
+    subs_by_topic: dict[int, int] | None = None,
 ) -> dict[str, Any]:
+    """One phase. ``subs_by_topic``: subscribers per topic id, when clients do not all take
+    every topic (the default: ``clients`` each)."""
     rec.reset()
+    if mode == "open" and 0 < rounds_per_s <= 4:
+        # few rounds a second (each a burst): the window starts half an interval after a round
+        # and holds a whole number of rounds, so no burst is cut in two at either end
+        interval = 1 / rounds_per_s
+        warmup = (int(warmup / interval) + 0.5) * interval
+        measure = max(1, round(measure / interval)) * interval
     n_start = rec.count
     # the publisher runs until told to stop (the time limit is only a safety net): a control
     # answer that comes late, because the server or the load is saturated, cannot end the
@@ -353,8 +413,15 @@ async def run_phase(
     server_cpu = (s1["cpu_user"] + s1["cpu_sys"]) - (s0["cpu_user"] + s0["cpu_sys"])
     lat = sorted(rec.lat)
     # skew: sampled messages first received inside the window, over every client that got them
-    window = [e for e in rec.skew.values() if t0 <= e[0] <= t1]
-    skews = sorted(e[1] - e[0] for e in window if e[2] > 1)
+    window = [(k, e) for k, e in rec.skew.items() if t0 <= e[0] <= t1]
+    skews = sorted(e[1] - e[0] for _, e in window if e[2] > 1)
+    subscriptions = sum(subs_by_topic.values()) if subs_by_topic else clients * topics
+    # a sampled message reached every client that subscribed to its topic
+    everyone = sum(
+        1
+        for k, e in window
+        if e[2] == (clients if subs_by_topic is None else subs_by_topic.get(k >> 40, 0))
+    )
     latency_p99_ms = pct(lat, 0.99) / 1e6
     ratio = delivered_rate / offered if offered else 0.0
     # closed loop: the publisher waits for the server, so the rate is whatever it delivers and
@@ -386,7 +453,7 @@ async def run_phase(
         "phase": phase,
         "clients": clients,
         "topics": topics,
-        "subscriptions": clients * topics,
+        "subscriptions": subscriptions,
         "mode": "closed-loop" if mode == "closed" else "open-loop",
         "target_delivered_per_s": None if mode == "closed" else round(rounds_per_s * per_round),
         "delivered_per_s": round(delivered_rate),
@@ -400,7 +467,7 @@ async def run_phase(
         "skew_p50_ms": ms(pct(skews, 0.50)),
         "skew_p99_ms": ms(pct(skews, 0.99)),
         "skew_samples": len(skews),
-        "skew_samples_all_clients": sum(1 for e in window if e[2] == clients),
+        "skew_samples_all_clients": everyone,
         "server_cpu_s_per_million": round(server_cpu / framed * 1e6, 3) if framed else None,
         "server_cpu_pct": round(server_cpu_pct, 1),
         "delivered_per_server_cpu_s": None if per_cpu_s is None else round(per_cpu_s),
@@ -417,6 +484,11 @@ async def run_phase(
         "server_failed_sends_max": s1["failed_sends_max"],
         "load_gc_ms": round((sum(g1["seconds"]) - sum(g0["seconds"])) * 1000, 1),
         "load_gc_max_pause_ms": round(g1["max_ms"], 1),
+        "load_gc_collections": [
+            b - a
+            for a, b in zip(cast(list[int], g0["count"]), cast(list[int], g1["count"]), strict=True)
+        ],
+        "load_rss_mb": round(load_rss() / 2**20, 1),
         "gaps": rec.gaps,
         "lost_to_gaps": rec.lost,
         "other_cpu_pct": {k: round(v, 1) for k, v in other.items()},
@@ -433,13 +505,16 @@ def describe(r: dict[str, Any], label: str = "") -> str:
         else f"open loop @ {r['target_delivered_per_s']:,}/s"
     )
     keep = "" if r["mode"] == "closed-loop" else f"{r['delivered_ratio']:.0%} of offered, "
+    topics = str(r["topics"])
+    if r.get("per_client", r["topics"]) != r["topics"]:
+        topics = f"{r['per_client']}/{r['topics']}"
     line = (
-        f"{label}{r['clients']:>5,} x {r['topics']:<2} {r['phase']:<6} {rate:<25} "
+        f"{label}{r['clients']:>5,} x {topics:<2} {r['phase']:<6} {rate:<25} "
         f"delivered {r['delivered_per_s']:>7,}/s ({keep}{verdict}) "
         f"| latency p50 {fmt(r['latency_p50_ms'])} p99 {fmt(r['latency_p99_ms'])} ms "
         f"| skew p50 {fmt(r['skew_p50_ms'])} p99 {fmt(r['skew_p99_ms'])} ms "
         f"| server {fmt(r['server_cpu_s_per_million'], '.2f')} CPU-s/M msgs, "
-        f"{r['server_cpu_pct']:.0f}% CPU, {r['server_rss_per_conn_kb']:.1f} KB/conn, "
+        f"{r['server_cpu_pct']:.0f}% CPU, {r['server_rss_per_conn_kib']:.1f} KiB/conn, "
         f"GC {r['server_gc_ms']:.0f} ms "
         f"| load {r['load_cpu_pct']:.0f}% CPU"
     )
@@ -460,6 +535,7 @@ async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
     # skew: every message of every topic with many clients (few rounds per second), every 8th
     # seq with few clients (many rounds per second, few deliveries each)
     rec = Recorder(sample=1 if case.clients >= 500 else 8)
+    case_started = time.monotonic()
     clients: list[Client] = []
     ping_task: asyncio.Task[None] | None = None
     try:
@@ -470,26 +546,52 @@ async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
         url = f"ws://127.0.0.1:{port}/rubris/ws"
         names = [f"bench.{i}" for i in range(case.topics)]
         t = time.monotonic()
-        clients = await open_clients(url, case.clients, names, rec, args.decode)
+        load_cpu0 = load_cpu()
+        clients = await open_clients(
+            url,
+            case.clients,
+            names,
+            rec,
+            args.decode,
+            concurrency=args.connect_concurrency,
+            per_client=case.per_client,
+        )
         connect_s = time.monotonic() - t
+        connect_load_cpu = load_cpu() - load_cpu0
         await asyncio.sleep(0.3)
         after = await http(port, "GET", "/control/stats?gc=1")
         if args.server_gc != "default":
             await http(port, "GET", f"/control/stats?gc=1&gc_mode={args.server_gc}")
         if after["connected"] != case.clients:
             raise RuntimeError(f"{after['connected']} of {case.clients} clients connected")
-        rss_per_conn_kb = (after["rss"] - before["rss"]) / case.clients / 1024
+        # KiB (1,024 bytes) per connection: the session, its subscriptions, the server's buffers
+        rss_per_conn_kib = (after["rss"] - before["rss"]) / case.clients / 1024
+        connect_server_cpu = (after["cpu_user"] + after["cpu_sys"]) - (
+            before["cpu_user"] + before["cpu_sys"]
+        )
+        connect_server_gc = sum(after["gc"]["seconds"]) - sum(before["gc"]["seconds"])
+        # subscribers per topic id (the server's numbers, as the PUSHes carry them)
+        subs_by_topic: dict[int, int] = {}
+        for c in clients:
+            for number in c.topics:
+                subs_by_topic[number] = subs_by_topic.get(number, 0) + 1
+        subscriptions = sum(subs_by_topic.values())
         LOAD_GC.collect()
         gc.freeze()  # the clients are long-lived: keep them out of the load's gc passes
+        if args.load_gc == "off":
+            gc.disable()  # no collector pauses in the instrument (collected between cases)
         ping_task = asyncio.get_running_loop().create_task(pinger(clients))
+        each = f" ({case.per_client} each)" if case.per_client else ""
         print(
-            f"{case.label}{case.clients:>5,} clients x {case.topics} topics: connected and "
+            f"{case.label}{case.clients:>5,} clients x {case.topics} topics{each}: connected and "
             "subscribed in "
             f"{connect_s:.1f} s; server RSS {before['rss'] / 2**20:.0f} -> "
-            f"{after['rss'] / 2**20:.0f} MiB ({rss_per_conn_kb:.1f} KB per connection)",
+            f"{after['rss'] / 2**20:.0f} MiB ({rss_per_conn_kib:.1f} KiB per connection); CPU "
+            f"server {connect_server_cpu:.1f} s (GC {connect_server_gc:.1f} s), load "
+            f"{connect_load_cpu:.1f} s",
             flush=True,
         )
-        per_round = case.clients * case.topics
+        per_round = subscriptions
         max_delivered = 0.0
         quiet_wait = 0.0
         for phase in case.phases:
@@ -517,11 +619,24 @@ async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
                     rounds,
                     args.warmup,
                     args.measure,
+                    None if subscriptions == case.clients * case.topics else subs_by_topic,
                 )
                 r["server"] = case.server
                 r["app"] = case.app
-                r["server_rss_per_conn_kb"] = round(rss_per_conn_kb, 2)
+                r["per_client"] = case.per_client or case.topics
+                r["round"] = case.round
+                # the name says KB, the figure has always been KiB (bytes / 1,024): kept for
+                # the readers of the JSON; server_rss_per_conn_kib is the same, less rounded
+                r["server_rss_per_conn_kb"] = round(rss_per_conn_kib, 2)
+                r["server_rss_per_conn_kib"] = round(rss_per_conn_kib, 3)
+                r["server_rss_before_mib"] = round(before["rss"] / 2**20, 1)
+                r["server_rss_connected_mib"] = round(after["rss"] / 2**20, 1)
                 r["connect_s"] = round(connect_s, 2)
+                r["connect_cpu_s"] = {
+                    "server": round(connect_server_cpu, 2),
+                    "server_gc": round(connect_server_gc, 2),
+                    "load": round(connect_load_cpu, 2),
+                }
                 r["attempt"] = attempt
                 attempts.append(r)
                 print(describe(r, case.label), flush=True)
@@ -540,12 +655,15 @@ async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
                 max_delivered = r["delivered_per_s"]
             case.results.append(r)
         case.quiet_wait_s = round(quiet_wait, 1)
+        for r in case.results:
+            r["case_s"] = round(time.monotonic() - case_started, 1)
     finally:
         if ping_task is not None:
             ping_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ping_task
         gc.unfreeze()
+        gc.enable()
         try:
             await close_clients(clients)
         finally:
@@ -611,8 +729,11 @@ def compare_cases() -> list[Case]:
 
 
 async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
+    compare = args.compare_servers or args.compare_plain
     if args.compare_servers:
         cases = compare_cases()
+    elif args.compare_plain:
+        cases = compare_plain_cases(args.rounds)
     else:
         if args.quick:
             cases = [Case(100, 10, ["max", "half"]), Case(1000, 10, MAIN_PHASES)]
@@ -624,17 +745,19 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
                 Case(5000, 1, ["max", "half"]),
             ]
         if args.clients:
-            cases = [Case(args.clients, args.topics, args.phases.split(","))]
+            cases = [
+                Case(args.clients, args.topics, args.phases.split(","), per_client=args.per_client)
+            ]
         default = args.server == "uvicorn" and args.app == "rubris"
         for case in cases:
             case.server, case.app = args.server, args.app
             case.label = "" if default else f"{args.server}/{args.app} "
     started = time.monotonic()
     for case in cases:
-        if not args.compare_servers:
+        if not compare:
             await run_case(case, args, pin)
             continue
-        try:  # one server failing a case does not end the comparison
+        try:  # one server (or app) failing a case does not end the comparison
             await run_case(case, args, pin)
         except Exception as exc:
             case.error = f"{type(exc).__name__}: {exc}"
@@ -646,26 +769,34 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "decode": args.decode,
         "server_gc": args.server_gc,
+        "load_gc": args.load_gc,
         "warmup_s": args.warmup,
         "measure_s": args.measure,
         "noisy_phases": sum(1 for c in cases for r in c.results if noisy(r)),
         "quiet_wait_s": round(sum(c.quiet_wait_s for c in cases), 1),
         "duration_s": round(time.monotonic() - started, 1),
     }
-    if args.compare_servers:
-        summary["mode"] = "compare-servers"
-        summary["comparison"] = comparison(cases)
+    if compare:
         summary["errors"] = [
             {
                 "server": c.server,
                 "app": c.app,
                 "clients": c.clients,
                 "topics": c.topics,
+                "per_client": c.per_client or c.topics,
+                "round": c.round,
                 "error": c.error,
             }
             for c in cases
             if c.error
         ]
+    if args.compare_servers:
+        summary["mode"] = "compare-servers"
+        summary["comparison"] = comparison(cases)
+    elif args.compare_plain:
+        summary["mode"] = "compare-plain"
+        summary["server"] = "uvicorn"
+        summary["plain_comparison"] = plain_comparison(cases, args.rounds)
     else:
         summary["server"] = args.server
         summary["app"] = args.app
@@ -691,8 +822,8 @@ def _find(
     return None
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b <= 0 else round(a / b, 2)
+def _ratio(a: float | None, b: float | None, digits: int = 2) -> float | None:
+    return None if a is None or b is None or b <= 0 else round(a / b, digits)
 
 
 def comparison(cases: list[Case]) -> dict[str, Any]:
@@ -795,6 +926,245 @@ def per_cpu_line(summary: dict[str, Any]) -> str:
     return " ".join(f"{s}_per_cpu_s={int(figures.get(s) or 0)}" for s in SERVERS)
 
 
+# --------------------------------------------------------------------------- --compare-plain
+
+
+PLAIN_CASES: list[tuple[str, int, int, int, list[str]]] = [
+    ("1,000 x 1", 1000, 1, 0, ["10000", "max"]),
+    ("1,000 x 10", 1000, 10, 0, ["50000"]),
+    ("10,000 x 2 of 10", 10000, 10, 2, ["20000"]),
+]
+"""``--compare-plain``: (name, clients, topics, topics per client (0: all), phases), each run on
+uvicorn for rubris, then for the plain loop, every round. The fixed rate first: its latency is
+measured on a fresh server, not in the wake of saturation."""
+PLAIN_APPS = ("rubris", "plain")
+PLAIN_KEEP = (
+    "delivered_per_s",
+    "server_cpu_pct",
+    "delivered_per_server_cpu_s",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "skew_p99_ms",
+    "server_rss_per_conn_kib",
+    "load_cpu_pct",
+    "sustained",
+    "bottleneck",
+    "attempt",
+)
+"""The figures of each run the ``--compare-plain`` JSON repeats under ``plain_comparison``."""
+PLAIN_RATIOS = (
+    ("per_cpu_s", "delivered_per_server_cpu_s"),
+    ("delivered", "delivered_per_s"),
+    ("p99", "latency_p99_ms"),
+)
+"""The ratios rubris / plain per round: name in the JSON, and the figure."""
+
+
+def compare_plain_cases(rounds: int) -> list[Case]:
+    """Round after round, every case, rubris then the plain loop, each on a fresh server."""
+    cases = []
+    for rnd in range(1, rounds + 1):
+        for _, clients, topics, per_client, phases in PLAIN_CASES:
+            for app in PLAIN_APPS:
+                label = f"r{rnd} {app:<6} "
+                cases.append(
+                    Case(
+                        clients,
+                        topics,
+                        list(phases),
+                        per_client=per_client,
+                        app=app,
+                        label=label,
+                        round=rnd,
+                    )
+                )
+    return cases
+
+
+def _find_run(
+    results: list[dict[str, Any]],
+    app: str,
+    clients: int,
+    topics: int,
+    per_client: int,
+    phase: str,
+    rnd: int,
+) -> dict[str, Any] | None:
+    """One round's result of one app, case and phase (``max`` or a fixed rate)."""
+    k = per_client or topics
+    for r in results:
+        if (r["app"], r["clients"], r["topics"], r["per_client"], r["round"]) != (
+            app,
+            clients,
+            topics,
+            k,
+            rnd,
+        ):
+            continue
+        if phase == "max" and r["phase"] == "max":
+            return r
+        if phase.isdigit() and r["phase"] == "fixed" and r["target_delivered_per_s"] == int(phase):
+            return r
+    return None
+
+
+def _median(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
+
+
+def _phase_key(name: str, phase: str) -> str:
+    return f"{name} {'max' if phase == 'max' else f'{int(phase):,}/s'}"
+
+
+def plain_comparison(cases: list[Case], rounds: int) -> dict[str, Any]:
+    """Per case and phase: each round's rubris and plain figures, their medians, the ratios
+    rubris / plain of each round (measured side by side) and the ratios' medians; then the
+    headline figures of the last line."""
+    results = [r for c in cases for r in c.results]
+    out: dict[str, Any] = {"rounds": rounds, "by_case": {}}
+    for name, clients, topics, per_client, phases in PLAIN_CASES:
+        for phase in phases:
+            entry: dict[str, Any] = {"runs": [], "median": {}, "ratios": {}, "median_ratio": {}}
+            for rnd in range(1, rounds + 1):
+                run: dict[str, Any] = {"round": rnd}
+                for app in PLAIN_APPS:
+                    r = _find_run(results, app, clients, topics, per_client, phase, rnd)
+                    run[app] = None if r is None else {k: r[k] for k in PLAIN_KEEP}
+                entry["runs"].append(run)
+            for app in PLAIN_APPS:
+                entry["median"][app] = {
+                    k: _median([run[app] and run[app][k] for run in entry["runs"]])
+                    for k in PLAIN_KEEP
+                    if k not in ("sustained", "bottleneck", "attempt")
+                }
+            for key, figure in PLAIN_RATIOS:
+                per_round = [
+                    _ratio(
+                        run["rubris"] and run["rubris"][figure],
+                        run["plain"] and run["plain"][figure],
+                        4,
+                    )
+                    for run in entry["runs"]
+                ]
+                entry["ratios"][key] = per_round
+                med = _median(list(per_round))
+                entry["median_ratio"][key] = None if med is None else round(med, 3)
+            out["by_case"][_phase_key(name, phase)] = entry
+    by = out["by_case"]
+    big = PLAIN_CASES[2][0]
+    out["headline"] = {
+        "per_cpu_vs_plain_1x1": by[_phase_key("1,000 x 1", "10000")]["median_ratio"]["per_cpu_s"],
+        "max_vs_plain_1x1": by[_phase_key("1,000 x 1", "max")]["median_ratio"]["per_cpu_s"],
+        "per_cpu_vs_plain_1x10": by[_phase_key("1,000 x 10", "50000")]["median_ratio"]["per_cpu_s"],
+        "p99_10k_ms": by[_phase_key(big, "20000")]["median"]["rubris"]["latency_p99_ms"],
+        "kib_per_conn": by[_phase_key(big, "20000")]["median"]["rubris"]["server_rss_per_conn_kib"],
+    }
+    return out
+
+
+def plain_table(summary: dict[str, Any]) -> str:
+    """The readable side-by-side table of a ``--compare-plain`` run."""
+    comp = summary["plain_comparison"]
+    failed = {
+        (e["app"], e["clients"], e["topics"], e["per_client"], e["round"]): e["error"]
+        for e in summary.get("errors", [])
+    }
+    head = (
+        f"{'case':<17} {'phase':<10} {'rnd':<3} {'app':<6} {'delivered/s':>11} {'srv CPU':>7} "
+        f"{'per CPU-s':>10} {'p50 ms':>8} {'p99 ms':>8} {'KiB/conn':>8} {'load':>5}  "
+        f"{'sustained':<9} note"
+    )
+    lines = [
+        "rubris vs the plain Starlette loop, on uvicorn: one worker, the server on core "
+        f"{SERVER_CORE}, the load on core {LOAD_CORE}; each round runs every case, rubris then "
+        "plain, each on a fresh server",
+        "per CPU-s = delivered/s / server CPU fraction (max: the server saturated); KiB/conn = "
+        "server RSS per connection after connecting and subscribing (after a gc); load = the "
+        "load process's CPU %",
+        "",
+        head,
+        "-" * len(head),
+    ]
+    rounds = comp["rounds"]
+    for name, clients, topics, per_client, phases in PLAIN_CASES:
+        case = name
+        for phase in phases:
+            shown = "max" if phase == "max" else f"{int(phase):,}/s"
+            entry = comp["by_case"][_phase_key(name, phase)]
+            for run in entry["runs"]:
+                for app in PLAIN_APPS:
+                    r = run[app]
+                    start = f"{case:<17} {shown:<10} {run['round']:<3} {app:<6} "
+                    case, shown = "", ""
+                    if r is None:
+                        err = failed.get(
+                            (app, clients, topics, per_client or topics, run["round"]),
+                            "no result",
+                        )
+                        lines.append(f"{start}{'-':>11}  ({err[:70]})")
+                        continue
+                    notes = []
+                    if r["attempt"] > 1:
+                        notes.append(f"attempt {r['attempt']}")
+                    if r["bottleneck"] == "load":
+                        notes.append("LOAD-BOUND (the server had CPU to spare)")
+                    elif r["bottleneck"] == "server and load":
+                        notes.append("load saturated too")
+                    lines.append(
+                        f"{start}{r['delivered_per_s']:>11,} {r['server_cpu_pct']:>6.0f}% "
+                        f"{fmt(r['delivered_per_server_cpu_s'], ',.0f'):>10} "
+                        f"{fmt(r['latency_p50_ms'], '.2f'):>8} "
+                        f"{fmt(r['latency_p99_ms'], '.2f'):>8} "
+                        f"{fmt(r['server_rss_per_conn_kib'], '.1f'):>8} "
+                        f"{r['load_cpu_pct']:>4.0f}%  "
+                        f"{'yes' if r['sustained'] else 'NO':<9} {', '.join(notes)}".rstrip()
+                    )
+            for app in PLAIN_APPS:
+                m = entry["median"][app]
+                start = f"{'':<17} {'':<10} {'med':<3} {app:<6} "
+                lines.append(
+                    f"{start}{fmt(m['delivered_per_s'], ',.0f'):>11} "
+                    f"{fmt(m['server_cpu_pct'], '.0f'):>6}% "
+                    f"{fmt(m['delivered_per_server_cpu_s'], ',.0f'):>10} "
+                    f"{fmt(m['latency_p50_ms'], '.2f'):>8} {fmt(m['latency_p99_ms'], '.2f'):>8} "
+                    f"{fmt(m['server_rss_per_conn_kib'], '.1f'):>8} "
+                    f"{fmt(m['load_cpu_pct'], '.0f'):>4}%"
+                )
+        lines.append("")
+    lines.append(
+        f"rubris / plain, per round ({rounds} rounds, each pair measured side by side) -> median:"
+    )
+    width = max(len(k) for k in comp["by_case"])
+    for key, entry in comp["by_case"].items():
+        parts = []
+        for ratio, _ in PLAIN_RATIOS:
+            rs = " ".join(fmt(x, ".2f") for x in entry["ratios"][ratio])
+            parts.append(f"{ratio} {rs} -> {fmt(entry['median_ratio'][ratio], '.2f')}")
+        lines.append(f"  {key:<{width}}  " + " | ".join(parts))
+    lines.append(
+        "  (per_cpu_s, delivered: higher is better for rubris; p99: lower is better for rubris)"
+    )
+    return "\n".join(lines)
+
+
+def plain_line(summary: dict[str, Any]) -> str:
+    """The last line of ``--compare-plain`` (``nan`` for a figure that could not be measured)."""
+    h = summary["plain_comparison"]["headline"]
+
+    def f(key: str, spec: str) -> str:
+        v = h.get(key)
+        return "nan" if v is None else format(v, spec)
+
+    return (
+        f"per_cpu_vs_plain_1x1={f('per_cpu_vs_plain_1x1', '.2f')} "
+        f"max_vs_plain_1x1={f('max_vs_plain_1x1', '.2f')} "
+        f"per_cpu_vs_plain_1x10={f('per_cpu_vs_plain_1x10', '.2f')} "
+        f"p99_10k_ms={f('p99_10k_ms', '.1f')} "
+        f"kib_per_conn={f('kib_per_conn', '.1f')}"
+    )
+
+
 def prepare_load(banner: str) -> bool:
     """This process as a bench's load: as many sockets as it may open, pinned to LOAD_CORE when
     there are two cores (returns whether it pinned), and the bench's first line printed."""
@@ -838,6 +1208,14 @@ def main() -> None:
         "connected (default: leave the server's garbage collector alone)",
     )
     ap.add_argument(
+        "--load-gc",
+        choices=["on", "off"],
+        default=None,
+        help="the load's garbage collector while the clients are connected (their objects are "
+        "frozen either way; off: no collector pauses of the load in the latency figures, it "
+        "collects between cases); default on, off with --compare-plain",
+    )
+    ap.add_argument(
         "--noisy-retries",
         type=int,
         default=1,
@@ -868,21 +1246,52 @@ def main() -> None:
         help="rubris 1,000 x 1 and 1,000 x 10 and the plain loop 1,000 x 1 on every server, "
         "side by side (about 4 minutes; ignores --server, --app, --clients)",
     )
+    ap.add_argument(
+        "--compare-plain",
+        action="store_true",
+        help="rubris against the plain loop on uvicorn, alternated round by round: 1,000 x 1, "
+        "1,000 x 10 and 10,000 x 2 of 10 (about 7 minutes, --quick about 4; ignores --server, "
+        "--app, --clients)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="--compare-plain: rounds of every case per app (default 3, --quick 2; at least 2)",
+    )
     ap.add_argument("--clients", type=int, default=0, help="run one custom case instead")
     ap.add_argument("--topics", type=int, default=10, help="with --clients")
+    ap.add_argument(
+        "--per-client",
+        type=int,
+        default=0,
+        help="with --clients: each client subscribes to K of the T topics, client i to "
+        "(i + j) %% T for j < K (default 0: all of them)",
+    )
+    ap.add_argument(
+        "--connect-concurrency",
+        type=int,
+        default=200,
+        help="clients connecting (and subscribing) at once",
+    )
     ap.add_argument(
         "--phases",
         default="max,half",
         help="with --clients: comma-separated max, half, or a delivered rate such as 200000",
     )
     args = ap.parse_args()
-    if args.compare_servers:
-        quick_or_full(args, {"warmup": (0.5, 1.0), "measure": (3.0, 5.0)})
-    else:
-        quick_or_full(args, {"warmup": (0.5, 1.0), "measure": (3.0, 5.0)})
+    if args.compare_servers and args.compare_plain:
+        ap.error("--compare-servers and --compare-plain: one at a time")
+    quick_or_full(args, {"warmup": (0.5, 1.0), "measure": (3.0, 5.0), "rounds": (2, 3)})
+    if args.load_gc is None:
+        args.load_gc = "off" if args.compare_plain else "on"
+    if args.compare_plain and args.rounds < 1:
+        ap.error("--rounds: at least 1 (2 for a median of ratios)")
 
     if args.compare_servers:
         serving = f"servers {', '.join(SERVERS)} (compared)"
+    elif args.compare_plain:
+        serving = f"server uvicorn, apps rubris and plain (compared, {args.rounds} rounds)"
     elif args.server == "uvicorn" and args.app == "rubris":
         serving = ""
     else:
@@ -899,9 +1308,13 @@ def main() -> None:
         sys.exit(130)
     if args.compare_servers:
         print(comparison_table(summary), flush=True)
+    elif args.compare_plain:
+        print(plain_table(summary), flush=True)
     print(json.dumps(summary, separators=(",", ":"), allow_nan=False), flush=True)
     if args.compare_servers:
         print(per_cpu_line(summary), flush=True)
+    elif args.compare_plain:
+        print(plain_line(summary), flush=True)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ class FrameBuffer:
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class PoolStats:
     """Counters of a :class:`WriterPool`.
 

@@ -98,7 +98,7 @@ class FrameBuilder:
 
         pend = s.pending
         if pend and not full:
-            busy: list[Sub] = []
+            busy: list[Sub] | None = None  # made for the first sub with more waiting
             carry: Sub | None = None
             it = iter(pend)
             for sub in it:
@@ -141,6 +141,8 @@ class FrameBuilder:
                     size += n
                     sub.cursor = c + 1
                     if c < head:
+                        if busy is None:
+                            busy = []
                         busy.append(sub)
                 elif mode == PRIVATE:
                     q: PrivateSub = sub  # type: ignore[assignment]
@@ -164,6 +166,8 @@ class FrameBuilder:
                         carry = sub
                         break
                     if unsent:
+                        if busy is None:
+                            busy = []
                         busy.append(sub)
                 else:  # a queue topic: the items dealt to this consumer, tagged as they go
                     qs: QueueSub = sub  # type: ignore[assignment]
@@ -197,6 +201,8 @@ class FrameBuilder:
                         carry = sub
                         break
                     if lane:
+                        if busy is None:
+                            busy = []
                         busy.append(sub)
             if carry is not None:
                 self.stats.deferred += 1
@@ -205,7 +211,7 @@ class FrameBuilder:
                 nxt = {carry: None}
                 for sub in it:
                     nxt[sub] = None
-                for sub in busy:
+                for sub in busy or ():
                     nxt[sub] = None
                 s.pending = nxt
             elif busy:

@@ -39,7 +39,7 @@ from .telemetry import PROBE_SUBS, PROBES, Telemetry
 from .topics import RING, SNAPSHOT, SharedTopic, Sub
 
 
-@dataclass
+@dataclass(slots=True)
 class CycleStats:
     """Counters since start; ``Rubris.stats()`` exposes them."""
 

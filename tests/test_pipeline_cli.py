@@ -29,7 +29,7 @@ import pytest
 
 from example_app.cluster import new_token
 from example_app.market import SYMBOLS
-from example_app.pipeline import DemoError, check_demo, command
+from example_app.pipeline import BarsStream, BatchStopped, DemoError, check_demo, command
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "cli-test-token"
@@ -235,3 +235,26 @@ def test_a_made_up_token_is_never_read_as_an_option() -> None:
     tokens = {new_token() for _ in range(2000)}
     assert len(tokens) == 2000
     assert all(re.fullmatch(r"[0-9a-f]{32}", token) for token in tokens)
+
+
+def test_a_write_the_stop_breaks_fails_in_one_short_line() -> None:
+    """What a stop breaks reaches Spark as one short line, never the long traceback whose
+    match overflowed Spark's stack on Ctrl-C; any other failure is the real error."""
+    import threading
+
+    stream = BarsStream.__new__(BarsStream)
+    stream._stopping = threading.Event()
+    stream._writing = threading.Lock()
+    java = "py4j.protocol.Py4JJavaError: An error occurred\n" + "\tat org.apache.spark.X\n" * 500
+
+    def broken(_changed: object) -> None:
+        raise RuntimeError(java)
+
+    stream._write_batch = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="Py4JJavaError"):
+        stream._write(None, 7)  # not stopping: the failure as it is
+    stream._stopping.set()
+    with pytest.raises(BatchStopped) as stopped:
+        stream._write(None, 7)
+    assert str(stopped.value) == "batch 7 stopped before its bars were written"
+    assert stopped.value.__suppress_context__  # no chained traceback in what Spark reads

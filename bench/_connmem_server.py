@@ -271,11 +271,13 @@ def build_rubris(ring: int) -> tuple[list[Any], Any, Any, Any]:
 
 
 class PlainLoop:
-    """bench/_fanout_plain.py's loop as it was when this bench was written (copied, as that
-    file changes): accept (``rubris.v1``), read the first frame (HELLO), answer WELCOME (and a
-    SUBSCRIBED per SUBSCRIBE of that frame), keep the socket in a set, then read and ignore
-    what the client sends until it goes. A round is one PUSH frame awaited client by client
-    (Starlette's ``WebSocket.send_bytes``)."""
+    """bench/_fanout_plain.py's loop, reduced to what this bench's clients do (kept apart:
+    there a round goes to a topic's subscribers, here to every socket, as these clients send
+    HELLO alone; and a memory figure's subject should not move with the fan-out bench):
+    accept (``rubris.v1``), read the first frame (HELLO), answer WELCOME (and a SUBSCRIBED per
+    SUBSCRIBE of that frame), keep the socket in a set, then read and ignore what the client
+    sends until it goes. A round is one PUSH frame awaited client by client (Starlette's
+    ``WebSocket.send_bytes``)."""
 
     def __init__(self, pad: int = 40) -> None:
         self.seq = 0

@@ -42,43 +42,32 @@ def ticker(direct: bool = True) -> Rubris:
     return rubris
 
 
-async def receive_ticks(base: str, rubris: Rubris, n: int, **connect_options: Any) -> list[Any]:
-    """Subscribe to ``ticks``, publish ``n`` of them one by one, return the PUSH payloads."""
+async def receive_ticks(
+    base: str, rubris: Rubris, n: int, **connect_options: Any
+) -> tuple[list[bytes], list[bool]]:
+    """Subscribe to ``ticks``, publish ``n`` of them one by one: the PUSH payloads, and for
+    each connection the server holds, whether it writes to the socket directly."""
     url = base.replace("http://", "ws://") + "/rubris/ws"
     async with connect(url, subprotocols=["rubris.v1"], **connect_options) as ws:
         await ws.send(encode_frame([Hello(1, ""), Subscribe(1, "ticks", 0, 0, b"")]))
-        got: list[Any] = []
+        got: list[bytes] = []
         await until(lambda: "ticks" in rubris.engine.topics and rubris.engine.topics["ticks"].subs)
+        direct = [conn._direct is not None for conn in rubris.websocket.connections]
         for i in range(n):
             rubris.publish("ticks", {"i": i, "pad": "x" * (i * 40)})  # 1-byte to 16-bit lengths
             await asyncio.sleep(0.005)
         while len(got) < n:
             frame = await asyncio.wait_for(ws.recv(), 5)
             got += [m.payload for m in decode_frame(frame) if isinstance(m, Push)]  # type: ignore[arg-type]
-        return got
-
-
-def directs(rubris: Rubris) -> list[bool]:
-    return [conn._direct is not None for conn in rubris.websocket.connections]
+        return got, direct
 
 
 async def test_under_uvicorn_frames_go_straight_to_the_socket_and_arrive_whole() -> None:
     rubris = ticker()
     async with run_server(starlette_app(rubris)) as base:
-        seen: list[list[bool]] = []
-
-        async def watch() -> None:
-            while True:
-                seen.append(directs(rubris))
-                await asyncio.sleep(0.01)
-
-        watcher = asyncio.create_task(watch())
-        try:
-            got = await receive_ticks(base, rubris, 40, compression=None)
-        finally:
-            watcher.cancel()
+        got, direct = await receive_ticks(base, rubris, 40, compression=None)
     assert got == [f'{{"i":{i},"pad":"{"x" * (i * 40)}"}}'.encode() for i in range(40)]
-    assert [True] in seen
+    assert direct == [True]
 
 
 @pytest.mark.parametrize(
@@ -95,18 +84,7 @@ async def test_elsewhere_frames_go_through_the_servers_send(
 ) -> None:
     rubris = ticker(direct)
     async with run_server(starlette_app(rubris), ws=ws, ws_per_message_deflate=deflate) as base:
-        seen: list[list[bool]] = []
-
-        async def watch() -> None:
-            while True:
-                seen.append(directs(rubris))
-                await asyncio.sleep(0.01)
-
-        watcher = asyncio.create_task(watch())
-        try:
-            options = {} if deflate else {"compression": None}
-            got = await receive_ticks(base, rubris, 20, **options)
-        finally:
-            watcher.cancel()
+        options = {} if deflate else {"compression": None}
+        got, on_socket = await receive_ticks(base, rubris, 20, **options)
     assert len(got) == 20
-    assert [False] in seen and [True] not in seen
+    assert on_socket == [False]

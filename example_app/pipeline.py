@@ -413,6 +413,49 @@ class Stopper:
             raise failure[0]
 
 
+class SparkOutput:
+    """What Spark and the processes it starts print, relayed to this process's stderr until
+    the pipeline stops, then dropped.
+
+    The JVM is started with this process's stderr, and the Python workers Spark starts (the
+    ``trades`` stream's reader among them) print through it. Stopping the stream and Spark
+    breaks their connections, and a worker whose socket is reset as it waits prints a
+    traceback of its own (CI saw one in about ten Ctrl-Cs) that no log level reaches. So the
+    JVM gets a pipe for its stderr instead, read by a thread that copies it here while the
+    pipeline runs (Spark's warnings stay visible) and drops it once the stop begins. The pipe
+    is drained to the end either way: a full pipe would block the JVM's writes."""
+
+    def __init__(self) -> None:
+        self._quiet = threading.Event()
+        self._read, self._write = os.pipe()
+        self._out = os.dup(2)  # where this process's stderr was: the relay's destination
+        threading.Thread(target=self._relay, name="spark-output", daemon=True).start()
+
+    @contextlib.contextmanager
+    def given(self) -> Iterator[None]:
+        """Meanwhile, fd 2 is the pipe: a process started now (the JVM) keeps it as its
+        stderr; this process's own writes meanwhile are relayed as well."""
+        saved = os.dup(2)
+        sys.stderr.flush()
+        os.dup2(self._write, 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(self._write)  # the JVM holds its own copy
+
+    def quiet(self) -> None:
+        self._quiet.set()
+
+    def _relay(self) -> None:
+        while chunk := os.read(self._read, 65536):
+            if not self._quiet.is_set():
+                with contextlib.suppress(OSError):
+                    os.write(self._out, chunk)
+
+
 @contextlib.contextmanager
 def _sigint_held() -> Iterator[None]:
     """SIGINT blocked in this thread meanwhile: a Ctrl-C is delivered when the block ends, to
@@ -495,10 +538,11 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="rubris-bars-")
     stopper = Stopper()
     stopper.install()
+    output = SparkOutput()
     spark = query = None
     phase = "Spark"
     try:
-        with _sigint_held():  # PySpark puts its own handler in place as Spark starts: ours again
+        with _sigint_held(), output.given():  # PySpark puts its own SIGINT handler in place
             spark = spark_session()
             stopper.install()
         if not args.no_catalog and not stopper.requested.is_set():
@@ -517,9 +561,11 @@ def main(argv: list[str] | None = None) -> int:
         stopper.requested.set()
     except Exception as exc:
         if not stopper.requested.is_set():  # else: what the stop broke
+            output.quiet()
             _quiet_stop(spark, query)
             print(f"pipeline: {phase} failed: {_cause(exc)}", file=sys.stderr)
             return EXIT_FAILED
+    output.quiet()
     _quiet_stop(spark, query)
     if not stopper.requested.is_set():  # the query ended without an error and without Ctrl-C
         return 0

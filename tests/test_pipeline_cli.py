@@ -258,3 +258,46 @@ def test_a_write_the_stop_breaks_fails_in_one_short_line() -> None:
         stream._write(None, 7)
     assert str(stopped.value) == "batch 7 stopped before its bars were written"
     assert stopped.value.__suppress_context__  # no chained traceback in what Spark reads
+
+
+SPARK_OUTPUT_SCRIPT = r"""
+import subprocess, sys
+from example_app.pipeline import SparkOutput
+
+output = SparkOutput()
+child = (
+    "import sys; print('spark warns', file=sys.stderr, flush=True); input(); "
+    "print('worker traceback', file=sys.stderr, flush=True)"
+)
+with output.given():  # as the JVM is started
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, text=True)
+input()  # the test has seen the warning: the stop begins
+output.quiet()
+proc.communicate("\n")
+print("pipeline: own line", file=sys.stderr, flush=True)
+"""
+
+
+def test_what_spark_prints_is_relayed_until_the_stop_then_dropped() -> None:
+    """The JVM's stderr (and its workers') is a pipe relayed to the pipeline's stderr while it
+    runs; what they print once the stop began (a worker's traceback as its socket is reset)
+    is dropped, and the pipeline's own lines still reach its stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SPARK_OUTPUT_SCRIPT],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    try:
+        assert proc.stderr.readline() == "spark warns\n"  # relayed while running
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        rest = proc.stderr.read()
+        assert proc.wait(30) == 0, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    assert rest == "pipeline: own line\n"

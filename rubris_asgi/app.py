@@ -549,7 +549,10 @@ class Rubris:
         if self._quiet_polls is not None:
             self._quiet_polls.install()
         self._tasks = [
-            loop.create_task(run_scheduler(self.engine, self._wake), name="rubris-scheduler"),
+            loop.create_task(
+                run_scheduler(self.engine, self._wake, self.websocket.outbox),
+                name="rubris-scheduler",
+            ),
             loop.create_task(
                 housekeeping(self.engine, self.config, self.longpoll, self.websocket, self.broker),
                 name="rubris-housekeeping",

@@ -15,6 +15,7 @@ from rubris_asgi.engine.buffers import PoolConfig
 from rubris_asgi.engine.engine import Engine
 from rubris_asgi.errors import MessageTooLarge, QueueFull
 from rubris_asgi.protocol import Ack, Gap, Mode, Push, Subscribed
+from rubris_asgi.server.direct import Outbox
 from rubris_asgi.server.runtime import run_scheduler
 
 from .enginekit import FakeClock, RecordingSink, connect, pushes
@@ -547,7 +548,7 @@ async def test_a_penalty_set_while_the_loop_sleeps_ends_on_time() -> None:
     s, sink = connect(engine, auto=False)  # frames stay "on the wire" until complete()
     t = engine.topic("t", Mode.RING)
     engine.subscribe(s, t, 1, 0, 0)
-    loop = asyncio.create_task(run_scheduler(engine, wake))
+    loop = asyncio.create_task(run_scheduler(engine, wake, Outbox()))
     try:
         engine.publish(t, "a")
         for _ in range(100):

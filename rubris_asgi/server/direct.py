@@ -11,30 +11,51 @@ the last step; Go servers keep it with a prepared message (gorilla/websocket's
 
 :class:`DirectSocket` keeps it where the server is one we know: uvicorn's ``websockets-sansio``
 protocol (uvicorn's default WebSocket implementation), found from the ASGI ``receive`` callable,
-which is the protocol's bound method. A frame is written with ``transport.write`` exactly when
-the server's own ``send`` would write it at once: the handshake done, no close sent or
-received, the connection's state OPEN, no WebSocket extension negotiated (permessage-deflate
-would want the payload compressed: rubris compresses per message itself, see protocol.md
-section 4), and the transport not paused by its high-water mark. Otherwise, and for every
-other server, the frame goes through the ASGI ``send`` as before, which then waits for the
-socket and makes the write a *blocked write* as ever: nothing of the slow-client rules changes.
-The server's keep-alive pings and its close frame go through its own protocol, on the same
-transport, in order with these frames (one event loop: nothing interleaves inside a write).
+which is the protocol's bound method. A frame is written with ``transport.write`` only when
+the server's own ``send`` would write it at once: the handshake done, no WebSocket extension
+negotiated (permessage-deflate would want the payload compressed: rubris compresses per
+message itself, see protocol.md section 4), no close sent or received, and nothing waiting in
+the transport's buffer (so it is not paused by its high-water mark either). Otherwise, and for
+every other server, the frame goes through the ASGI ``send`` as before, which then waits for
+the socket and makes the write a *blocked write* as ever: nothing of the slow-client rules
+changes.
+
+What is read per frame is the transport, which the write touches anyway: this is the
+per-frame cost at one message a frame. Under uvicorn 0.54 every path that takes the connection
+out of websockets' OPEN state closes the transport in the same callback (a close frame
+received, the server's shutdown, a keep-alive timeout, a protocol error, the connection
+lost), except a close sent through the ASGI ``send``, which only rubris sends on these
+connections and only after marking its connection closed (server/websocket.py checks that
+first). So ``is_closing()`` stands for the state, and an empty buffer for uvicorn's
+``writable`` (cleared only while the buffer is over the high-water mark): never a data frame
+after a close frame (tests/test_direct_writes.py reads the raw bytes to the end to check it).
+
+The writes themselves wait a moment in an :class:`Outbox`: the cycle decides and counts each
+frame as written when it is built, and the outbox writes them together, every
+:data:`Outbox.BATCH` frames and at the cycle's end (one event-loop callback, so nothing runs
+in between: no other write can come first on any of these sockets, and no state checked can
+change). The kernel's send evicts much of what the interpreter was using; with a send after
+every frame, the Python between two sends ran on cold caches. Measured at 1,000 clients x 1
+topic, 10,000 deliveries/s: 9 % less server CPU per delivery, for at most 64 frames' building
+(about 0.3 ms) more before a frame's write.
 
 ``WriterConfig.direct_writes`` (default True) turns it off.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
+
+log = logging.getLogger("rubris_asgi")
 
 BINARY_FIN = 0x82
 """FIN set, opcode 2 (binary): a whole binary message in one frame."""
 
 _SANSIO = "uvicorn.protocols.websockets.websockets_sansio_impl"
-_READ = ("conn", "transport", "writable", "close_sent", "disconnected", "handshake_complete")
-"""The protocol attributes :class:`DirectSocket` reads (uvicorn 0.54), checked per connection."""
+_READ = ("conn", "transport", "handshake_complete")
+"""The protocol as uvicorn 0.54 has it (as the reasoning above says), checked per connection."""
 
 
 def binary_frame(payload: bytes) -> bytes:
@@ -47,34 +68,55 @@ def binary_frame(payload: bytes) -> bytes:
     return bytes((BINARY_FIN, 127)) + n.to_bytes(8, "big") + payload
 
 
+class Outbox:
+    """Frames decided in a cycle, written together: every :data:`BATCH` and at its end.
+
+    Bounded: at most ``BATCH`` frames wait, and none outlives the cycle's callback."""
+
+    BATCH = 64
+
+    __slots__ = ("waiting",)
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[Any, bytes]] = []
+        """(transport, WebSocket frame) to write, in order."""
+
+    def flush(self) -> None:
+        waiting = self.waiting
+        if not waiting:
+            return
+        self.waiting = []
+        for transport, wire in waiting:
+            try:
+                transport.write(wire)
+            except Exception:  # the connection ended after all: its reader detaches it
+                log.debug("a direct write failed", exc_info=True)
+
+
 class DirectSocket:
     """A uvicorn ``websockets-sansio`` connection, written to without its ``send``."""
 
-    __slots__ = ("proto", "conn", "transport", "writable", "open_state")
+    __slots__ = ("transport", "outbox")
 
-    def __init__(self, proto: Any, open_state: Any) -> None:
-        self.proto = proto
-        self.conn = proto.conn
-        self.transport = proto.transport
-        self.writable = proto.writable
-        self.open_state = open_state
+    def __init__(self, transport: Any, outbox: Outbox) -> None:
+        self.transport = transport
+        self.outbox = outbox
 
     def write(self, frame: bytes) -> bool:
-        """Write ``frame`` (already a WebSocket frame) now, if the server's ``send`` would write
-        it at once; False: it was not written, go through the ASGI ``send``."""
-        p = self.proto
-        if (
-            p.close_sent
-            or p.disconnected
-            or self.conn.state is not self.open_state
-            or not self.writable.is_set()
-        ):
+        """Write ``frame`` (already a WebSocket frame) with the cycle's others, if the server's
+        ``send`` would write it at once; False: not written, go through the ASGI ``send``."""
+        t = self.transport
+        if t.is_closing() or t.get_write_buffer_size():
             return False
-        self.transport.write(frame)
+        outbox = self.outbox
+        waiting = outbox.waiting
+        waiting.append((t, frame))
+        if len(waiting) >= Outbox.BATCH:
+            outbox.flush()
         return True
 
 
-def direct_socket(receive: Any) -> DirectSocket | None:
+def direct_socket(receive: Any, outbox: Outbox) -> DirectSocket | None:
     """The :class:`DirectSocket` behind an ASGI ``receive`` once the connection is accepted,
     or None where the server is not one we know or the connection negotiated an extension (its
     frames are then the server's). Lets go of the handshake that uvicorn would keep."""
@@ -92,4 +134,4 @@ def direct_socket(receive: Any) -> DirectSocket | None:
         # uvicorn keeps the handshake's request and response (their headers: about 4 KB) for
         # the connection's life, and reads them only until the accept is sent
         proto.request = proto.response = None
-    return DirectSocket(proto, state)
+    return DirectSocket(proto.transport, outbox)

@@ -16,6 +16,7 @@ from ..cluster import Broker
 from ..config import Config
 from ..engine.engine import Engine
 from ..engine.scheduler import Scheduler
+from .direct import Outbox
 from .longpoll import LongPollTransport
 from .websocket import WebSocketTransport
 
@@ -29,8 +30,9 @@ SETTLE = 0.002
 """At most this long a paused cycle waits for its asynchronous writes (``settle``)."""
 
 
-async def run_scheduler(engine: Engine, wake: asyncio.Event) -> None:
-    """Run cycles while there is work; sleep until ``wake`` or the next hold timer."""
+async def run_scheduler(engine: Engine, wake: asyncio.Event, outbox: Outbox) -> None:
+    """Run cycles while there is work; sleep until ``wake`` or the next hold timer. The
+    frames a cycle wrote directly are written at its end, before anything else runs."""
     sched = engine.scheduler
     clock = engine.clock
     while True:
@@ -39,6 +41,8 @@ async def run_scheduler(engine: Engine, wake: asyncio.Event) -> None:
                 sched.run_cycle()
             except Exception:  # a bug must not silently stop all delivery
                 log.exception("scheduler cycle failed")
+            finally:
+                outbox.flush()
             if sched.paused:
                 await settle(sched)
             else:
@@ -55,6 +59,8 @@ async def run_scheduler(engine: Engine, wake: asyncio.Event) -> None:
                 sched.run_cycle()
             except Exception:  # as above: a bug must not silently stop all delivery
                 log.exception("scheduler cycle failed")
+            finally:
+                outbox.flush()
             await asyncio.sleep(0)
             continue
         with contextlib.suppress(asyncio.TimeoutError):

@@ -31,7 +31,7 @@ from ..engine.flow import on_write_done
 from ..engine.session import Session, SessionState
 from ..errors import ErrorCode, ProtocolError
 from ..protocol import SUBPROTOCOL, Goodbye, encode
-from .direct import DirectSocket, binary_frame, direct_socket
+from .direct import DirectSocket, Outbox, binary_frame, direct_socket
 from .gateway import CLOSE_CODES, Gateway, resumed_id
 from .relay import Relays
 
@@ -57,6 +57,9 @@ class WebSocketTransport:
         # is the same object (one topic's message, or a frame the builder shared) reuse them
         self.last_frame = b""
         self.last_wire = binary_frame(b"")
+        self.outbox = Outbox()
+        """The cycle's direct writes, written together (server/direct.py): the scheduler's
+        loop flushes it at each cycle's end."""
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Coroutine[Any, Any, None]:
         # not async: the connection's own coroutine is what the server awaits, one frame less
@@ -305,7 +308,7 @@ class WebSocketConnection:
         offered = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         if self.transport.direct:
-            self._direct = direct_socket(self._receive)
+            self._direct = direct_socket(self._receive, self.transport.outbox)
         refused = False
         try:
             s = await self._handshake(user)

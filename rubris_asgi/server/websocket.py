@@ -57,6 +57,9 @@ class WebSocketTransport:
         # is the same object (one topic's message, or a frame the builder shared) reuse them
         self.last_frame = b""
         self.last_wire = binary_frame(b"")
+        self.writing: dict[WebSocketConnection, None] = {}
+        """The connections with a write under way, which :meth:`close_blocked` looks at (a walk
+        of every connection four times a second was 4 % of a core at 10,000 connections)."""
         self.outbox = Outbox()
         """The cycle's direct writes, written together (server/direct.py): the scheduler's
         loop flushes it at each cycle's end."""
@@ -69,7 +72,7 @@ class WebSocketTransport:
     async def close_blocked(self, now: float) -> None:
         """End the sessions whose frame has been stuck in the socket for ``max_blocked``."""
         limit = self.gateway.config.writer.max_blocked
-        for conn in list(self.connections):
+        for conn in list(self.writing):
             since = conn.writing_since
             s = conn.session
             if since and now - since > limit and s is not None:
@@ -200,6 +203,7 @@ class WebSocketConnection:
         else:  # the server's own threads write it (granian): one of the cycle's window
             self._w_slice = engine.scheduler.write_started()
         self.writing_since = engine.clock()
+        self.transport.writing[self] = None
         self._w_send = it
         self._w_coro = coro
         self._w_lease = lease
@@ -241,6 +245,7 @@ class WebSocketConnection:
         assert lease is not None
         started = self.writing_since
         self.writing_since = 0.0
+        self.transport.writing.pop(self, None)
         self._w_send = self._w_pending = self._w_lease = None
         if self._w_slice >= 0:
             engine.scheduler.write_settled(self._w_slice)

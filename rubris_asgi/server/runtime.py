@@ -26,6 +26,9 @@ BROKER_SWEEP = 5.0
 """Seconds between the broker's upkeep (topics left without subscribers, the position check)."""
 QUEUE_TICK = 0.005
 """Seconds between server-side CoDel checks: well under CoDel's interval / sqrt(count) steps."""
+NO_QUEUE_TICK = 0.25
+"""Seconds between looks for a first queue topic, while there is none: 200 wake-ups a second
+for nothing were about 1 % of the server's CPU at 10,000 deliveries a second."""
 SETTLE = 0.002
 """At most this long a paused cycle waits for its asynchronous writes (``settle``)."""
 
@@ -91,7 +94,7 @@ async def settle(sched: Scheduler) -> None:
 async def queue_ticks(engine: Engine) -> None:
     """Server-side CoDel and round-trip probes: every ``QUEUE_TICK`` while there are queues."""
     while True:
-        await asyncio.sleep(QUEUE_TICK)
+        await asyncio.sleep(QUEUE_TICK if engine.queues else NO_QUEUE_TICK)
         if engine.queues:
             engine.queue_tick()
 

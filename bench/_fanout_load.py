@@ -3,29 +3,34 @@
 Each client opens ``{mount}/ws`` with ``websockets.asyncio.client.connect`` (subprotocol
 ``rubris.v1``, no permessage-deflate), sends HELLO and one SUBSCRIBE per topic in one frame,
 waits for WELCOME and every SUBSCRIBED (decoded with ``rubris_asgi.protocol.iter_messages``),
-then reads frames until it is closed. Every client subscribes to all the topics, or with
-``per_client=K`` client ``i`` to K of the T: ``names[(i + j) % T]`` for ``j < K``, so each topic
-has ``N * K / T`` subscribers when T divides N (:func:`client_topics`). Clients connect at most
-``concurrency`` at a time (a semaphore: bounded parallel batches).
+then hands its socket to a :class:`RawReader`, which reads the server's frames in
+``data_received`` until the connection ends. Every client subscribes to all the topics, or
+with ``per_client=K`` client ``i`` to K of the T: ``names[(i + j) % T]`` for ``j < K``, so each
+topic has ``N * K / T`` subscribers when T divides N (:func:`client_topics`). Clients connect at
+most ``concurrency`` at a time (a semaphore: bounded parallel batches).
 
-The read loop is the load side's hot path, so it decodes only what it needs. For every PUSH it
-reads ``topic`` and ``seq`` (uv) and the publish stamp ``t`` from the payload, which the server
-encodes with orjson as ``{"t":<int>,"i":...}``, so ``t`` is the digits between byte 5 and the
-first comma; it never builds a message object. A frame holding anything other than plain PUSH
-messages (GAP, PONG, GOODBYE, a long or compressed message) goes through ``iter_messages`` from
-that message on. ``decode="full"`` sends every frame through ``iter_messages`` and
-``orjson.loads`` instead (slower; it checks that the fast path measures the same thing).
+Reading is the load side's hot path, so it decodes only what it needs, in place: for every
+PUSH it reads ``topic`` and ``seq`` (uv) and the publish stamp ``t`` from the payload, which the
+server encodes with orjson as ``{"t":<int>,"i":...}``, so ``t`` is the digits between byte 5 and
+the first comma; it never builds a frame or message object (:func:`pushes_in`). A frame holding
+anything other than plain PUSH messages (GAP, PONG, GOODBYE, a long or compressed message)
+goes through ``iter_messages`` from that message on. ``decode="full"`` sends every frame through
+``iter_messages`` and ``orjson.loads`` instead (slower; it checks that the fast path measures
+the same thing). Until 2026-11-26 frames were read through ``websockets`` (``recv()`` in a task
+per client): the load then cost 50-80 % of a core where it now costs 15-20 %, and at 10,000
+clients its own backlog was most of the latency measured (p50 330 ms, now 170 ms).
 
 Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC is one clock for every process of the
 machine, so the server's stamp and the client's receive time compare directly. A message's
-receive time is taken when its bytes come off the socket (``StampedConnection``), not when the
-read loop reaches it.
+receive time is taken when the bytes that complete its frame come off the socket (the
+``data_received`` call), not when the loop gets round to decoding it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 from array import array
 from collections import deque
@@ -180,82 +185,167 @@ def _slow(buf: bytes, now: int, rec: Recorder) -> int:
     return pushes
 
 
-async def read_loop(ws: StampedConnection, rec: Recorder, decode: str) -> None:
-    recv = ws.recv
-    stamp = ws.stamps.popleft
-    full = decode == "full"
-    try:
-        while True:
-            buf = await recv()
-            now = stamp()
-            if full or type(buf) is not bytes:
-                rec.count += _slow(buf if type(buf) is bytes else bytes(buf, "utf-8"), now, rec)
-                continue
-            n = len(buf)
-            pos = 0
-            pushes = 0
-            recording = rec.recording
-            mask = rec.sample_mask
-            while pos < n:
-                ln = buf[pos + 1] if pos + 1 < n else 0x80
-                if buf[pos] != PUSH or ln >= 0x80:
-                    # anything unusual (another kind, a long message): the real decoder
-                    pushes += _slow(buf[pos:], now, rec)
+def pushes_in(buf: bytes, pos: int, n: int, now: int, rec: Recorder) -> int:
+    """The PUSH messages of one frame's payload, ``buf[pos:n]``, counted and timed: the load's
+    hot path. Reads ``topic`` and ``seq`` (uv) and the stamp ``t`` (the digits between byte 5 of
+    the payload and the first comma); anything else goes through the real decoder from there."""
+    pushes = 0
+    recording = rec.recording
+    mask = rec.sample_mask
+    while pos < n:
+        ln = buf[pos + 1] if pos + 1 < n else 0x80
+        if buf[pos] != PUSH or ln >= 0x80:
+            # anything unusual (another kind, a long message): the real decoder
+            return pushes + _slow(buf[pos:n], now, rec)
+        p = pos + 2
+        end = p + ln
+        # topic:uv
+        topic = buf[p]
+        p += 1
+        if topic >= 0x80:
+            topic &= 0x7F
+            shift = 7
+            while True:
+                b = buf[p]
+                p += 1
+                topic |= (b & 0x7F) << shift
+                if b < 0x80:
                     break
-                p = pos + 2
-                end = p + ln
-                # topic:uv
-                topic = buf[p]
+                shift += 7
+        # seq:uv
+        seq = buf[p]
+        p += 1
+        if seq >= 0x80:
+            seq &= 0x7F
+            shift = 7
+            while True:
+                b = buf[p]
                 p += 1
-                if topic >= 0x80:
-                    topic &= 0x7F
-                    shift = 7
-                    while True:
-                        b = buf[p]
-                        p += 1
-                        topic |= (b & 0x7F) << shift
-                        if b < 0x80:
-                            break
-                        shift += 7
-                # seq:uv
-                seq = buf[p]
-                p += 1
-                if seq >= 0x80:
-                    seq &= 0x7F
-                    shift = 7
-                    while True:
-                        b = buf[p]
-                        p += 1
-                        seq |= (b & 0x7F) << shift
-                        if b < 0x80:
-                            break
-                        shift += 7
-                # payload: {"t":<digits>,...
-                if recording:
-                    rec.lat.append(now - int(buf[p + 5 : buf.index(b",", p + 5, end)]))
-                if not seq & mask:
-                    key = topic << 40 | seq
-                    e = rec.skew.get(key)
-                    if e is None:
-                        rec.skew[key] = [now, now, 1]
-                    else:
-                        e[1] = now
-                        e[2] += 1
-                pushes += 1
-                pos = end
-            rec.count += pushes
-    except ConnectionClosed:
-        rec.closed += 1
+                seq |= (b & 0x7F) << shift
+                if b < 0x80:
+                    break
+                shift += 7
+        # payload: {"t":<digits>,...
+        if recording:
+            rec.lat.append(now - int(buf[p + 5 : buf.index(b",", p + 5, end)]))
+        if not seq & mask:
+            key = topic << 40 | seq
+            e = rec.skew.get(key)
+            if e is None:
+                rec.skew[key] = [now, now, 1]
+            else:
+                e[1] = now
+                e[2] += 1
+        pushes += 1
+        pos = end
+    return pushes
+
+
+def masked(opcode: int, payload: bytes, mask: bytes) -> bytes:
+    """A client's frame (RFC 6455 section 5.3: FIN, masked)."""
+    n = len(payload)
+    if n < 126:
+        head = bytes((0x80 | opcode, 0x80 | n))
+    elif n < 65536:
+        head = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
+    else:
+        head = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
+    key = (mask * (n // 4 + 1))[:n]
+    body = (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
+    return head + mask + body
+
+
+class RawReader(asyncio.Protocol):
+    """A client's socket once its handshake is done: frames read here, in ``data_received``.
+
+    The handshake (HTTP upgrade, HELLO, the SUBSCRIBEs) goes through ``websockets``; then the
+    transport is handed to this protocol, which reads the server's (unmasked) frames itself
+    and counts and times the PUSHes of each in place: no frame objects, no ``recv()``, no task
+    per client. Through ``websockets``, reading cost the load several times what a frame costs
+    the server, and at 10,000 clients (or 1,000 x 10 overloaded) the load, saturated, was what
+    the latency figures measured. A message's receive time is that of the ``data_received``
+    that completed its frame, as ``StampedConnection`` took it.
+    """
+
+    def __init__(self, rec: Recorder, full: bool, transport: Any) -> None:
+        self.rec = rec
+        self.full = full
+        self.transport = transport
+        self.rest = b""
+        self.mask = os.urandom(4)
+        self.ended = False
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic_ns()
+        if self.rest:
+            data = self.rest + data
+            self.rest = b""
+        rec = self.rec
+        n = len(data)
+        i = 0
+        while i + 2 <= n:
+            ln = data[i + 1]  # a server's frames are never masked
+            h = 2
+            if ln == 126:
+                if i + 4 > n:
+                    break
+                ln = int.from_bytes(data[i + 2 : i + 4], "big")
+                h = 4
+            elif ln == 127:
+                if i + 10 > n:
+                    break
+                ln = int.from_bytes(data[i + 2 : i + 10], "big")
+                h = 10
+            end = i + h + ln
+            if end > n:
+                break
+            opcode = data[i] & 0x0F
+            if opcode == 0x2:  # rubris sends each frame whole (FIN), binary
+                if self.full:
+                    rec.count += _slow(data[i + h : end], now, rec)
+                else:
+                    rec.count += pushes_in(data, i + h, end, now, rec)
+            elif opcode == 0x9:  # PING: PONG with its payload
+                self.transport.write(masked(0xA, data[i + h : end], self.mask))
+            elif opcode == 0x8:  # the server's close: answer it, then the server ends the TCP
+                self.send_close()
+            i = end
+        if i < n:
+            self.rest = data[i:]
+
+    def send(self, message: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(masked(0x2, message, self.mask))
+
+    def send_close(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.rec.closed += 1
+            if not self.transport.is_closing():
+                self.transport.write(masked(0x8, (1000).to_bytes(2, "big"), self.mask))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.ended:
+            self.ended = True
+            self.rec.closed += 1
 
 
 class Client:
-    __slots__ = ("ws", "task", "heartbeat_ms", "topics")
+    __slots__ = ("ws", "task", "heartbeat_ms", "topics", "reader")
 
     def __init__(self, ws: StampedConnection, heartbeat_ms: int, topics: dict[int, str]) -> None:
         self.ws = ws
         self.task: asyncio.Task[None] | None = None
         self.heartbeat_ms = heartbeat_ms
         self.topics = topics
+        self.reader: RawReader | None = None
+        """Once the handshake is done (fan-out clients): what reads and writes the socket."""
+
+    async def send(self, message: bytes) -> None:
+        if self.reader is not None:
+            self.reader.send(message)
+        else:
+            await self.ws.send(message)
 
 
 async def open_client(url: str, names: list[str], rec: Recorder, decode: str) -> Client:
@@ -290,7 +380,12 @@ async def open_client(url: str, names: list[str], rec: Recorder, decode: str) ->
             elif isinstance(m, Goodbye):
                 raise RuntimeError(f"GOODBYE during the handshake: {m.reason} (code {m.code})")
     client = Client(ws, heartbeat_ms, topics)
-    client.task = asyncio.get_running_loop().create_task(read_loop(ws, rec, decode))
+    # nothing else was sent yet (a fresh server's topics hold nothing to replay): any byte
+    # websockets has read past the handshake would be lost to the raw reader, so there is none
+    if ws.protocol.reader.buffer or ws.protocol.events or ws.recv_messages.frames:
+        raise RuntimeError("the server sent more than the handshake before the bench began")
+    client.reader = RawReader(rec, decode == "full", ws.transport)
+    ws.transport.set_protocol(client.reader)
     return client
 
 
@@ -338,7 +433,7 @@ async def pinger(clients: list[Client]) -> None:
         for c in clients[tick::ticks]:
             token += 1
             try:
-                await c.ws.send(encode(Ping(token)))
+                await c.send(encode(Ping(token)))
             except ConnectionClosed:
                 pass
 
@@ -348,6 +443,10 @@ async def close_clients(clients: list[Client], concurrency: int = 500) -> None:
 
     async def one(c: Client) -> None:
         async with sem:
+            if c.reader is not None:  # a close frame, then the TCP connection
+                c.reader.send_close()
+                c.reader.transport.close()
+                return
             try:
                 await asyncio.wait_for(c.ws.close(), 5)
             except Exception:

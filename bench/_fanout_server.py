@@ -7,7 +7,8 @@ up is in bench/_servers.py. Under granian the app runs in granian's worker proce
 this one: the figures below (CPU, RSS, GC) are that worker's, its Rust threads included.
 
 Channels: ``bench.{n}``, ring channels (no conflation: every publish is delivered to every
-subscriber unless it laps the ring, which the load side sees as a GAP).
+subscriber unless it laps the ring, which the load side sees as a GAP); with ``--ring 0``
+snapshot channels (a subscriber gets the latest value: what it missed is conflated).
 
 Control endpoints (127.0.0.1 only, used by the load process between phases):
 
@@ -242,7 +243,9 @@ def build(
     timing = Timing(heartbeat=60.0)
     rubris = Rubris(Config(timing=timing), compress_at=None)
 
-    @rubris.shared("bench.{n}", ring=ring)
+    kind: dict[str, Any] = {"snapshot": True} if ring == 0 else {"ring": ring}
+
+    @rubris.shared("bench.{n}", **kind)
     async def bench_topic(session: Session, n: str) -> None:
         return None
 
@@ -288,7 +291,7 @@ def server_args(description: str) -> argparse.ArgumentParser:
     """The options every fan-out server script takes (this one, bench/_fanout_plain.py)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--topics", type=int, default=10)
-    ap.add_argument("--ring", type=int, default=1024)
+    ap.add_argument("--ring", type=int, default=1024, help="ring size; 0: snapshot topics")
     ap.add_argument("--pad", type=int, default=40)
     ap.add_argument("--cpu", type=int, default=None, help="pin to this core")
     ap.add_argument("--server", choices=SERVERS, default="uvicorn")

@@ -26,7 +26,10 @@ Every client subscribes to *all* T ring topics ``bench.0`` .. ``bench.{T-1}`` (r
 nothing is conflated and every delivery counts), unless ``--per-client K`` (with ``--clients``)
 has each take K of them in a ring: client i takes ``bench.{(i + j) % T}`` for j < K, so each topic
 has N * K / T subscribers, and a round is N * K deliveries (both servers send a topic's message
-to its subscribers only). "1,000 clients x 10 topics" is therefore 10,000
+to its subscribers only); ``--snapshot`` (with ``--clients``) makes them snapshot topics, where
+a client gets the latest value and what it missed is conflated: offered beyond what the
+server frames, deliveries drop and latency stays put (the overload case: ``--snapshot
+--clients 1000 --topics 10 --phases 1000000``). "1,000 clients x 10 topics" is therefore 10,000
 subscriptions, and one publish *round* (one message to each topic) is 10,000 deliveries. The
 wide cases are 5,000 clients x 10 topics (50,000 subscriptions, up to 10 messages a frame) and
 5,000 clients x 1 topic (one message a frame: the per-frame cost). Payloads are ~80-byte orjson
@@ -171,6 +174,8 @@ class Case:
     results: list[dict[str, Any]] = field(default_factory=list)
     per_client: int = 0
     """Topics each client subscribes to, K of the T in a ring (0: all of them)."""
+    snapshot: bool = False
+    """Snapshot topics instead of rings (``--snapshot``): a client gets the latest value."""
     round: int = 0
     """``--compare-plain``: which round of the comparison the case belongs to (from 1)."""
     quiet_wait_s: float = 0.0
@@ -531,7 +536,10 @@ def noisy(r: dict[str, Any]) -> bool:
 
 
 async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
-    server = Server(["--topics", str(case.topics), "--server", case.server], pin, APPS[case.app])
+    ring = ["--ring", "0"] if case.snapshot else []  # 0: snapshot topics
+    server = Server(
+        ["--topics", str(case.topics), "--server", case.server, *ring], pin, APPS[case.app]
+    )
     # skew: every message of every topic with many clients (few rounds per second), every 8th
     # seq with few clients (many rounds per second, few deliveries each)
     rec = Recorder(sample=1 if case.clients >= 500 else 8)
@@ -746,7 +754,13 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
             ]
         if args.clients:
             cases = [
-                Case(args.clients, args.topics, args.phases.split(","), per_client=args.per_client)
+                Case(
+                    args.clients,
+                    args.topics,
+                    args.phases.split(","),
+                    per_client=args.per_client,
+                    snapshot=args.snapshot,
+                )
             ]
         default = args.server == "uvicorn" and args.app == "rubris"
         for case in cases:
@@ -1261,6 +1275,11 @@ def main() -> None:
     )
     ap.add_argument("--clients", type=int, default=0, help="run one custom case instead")
     ap.add_argument("--topics", type=int, default=10, help="with --clients")
+    ap.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="with --clients: snapshot topics (latest value, conflated) instead of rings",
+    )
     ap.add_argument(
         "--per-client",
         type=int,

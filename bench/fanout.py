@@ -92,7 +92,9 @@ server CPU-second at 1,000 x 1, max phase (0 for a server that failed the case).
 
 sets Rubris against the plain loop on uvicorn, side by side in one run, for three cases:
 
-    1,000 clients x 1 topic         open loop 10,000 deliveries/s, then max (closed loop)
+    1,000 clients x 1 topic         open loop 10,000 deliveries/s, then max (closed loop: here
+                                    Rubris's publisher keeps one round waiting, not two, as
+                                    the plain loop sends its rounds one after the other)
     1,000 clients x 10 topics       open loop 50,000 deliveries/s
     10,000 clients, 2 of 10 topics  each topic 2,000 subscribers, 1 message/s per topic:
                                     open loop 20,000 deliveries/s, one burst a second
@@ -176,6 +178,9 @@ class Case:
     """Topics each client subscribes to, K of the T in a ring (0: all of them)."""
     snapshot: bool = False
     """Snapshot topics instead of rings (``--snapshot``): a client gets the latest value."""
+    window: int = 2
+    """``max``: the rounds the server's publisher keeps waiting to be framed (``--compare-plain``:
+    1, as the plain loop, whose rounds go back to back, every send of one awaited first)."""
     round: int = 0
     """``--compare-plain``: which round of the comparison the case belongs to (from 1)."""
     quiet_wait_s: float = 0.0
@@ -361,9 +366,10 @@ async def run_phase(
     warmup: float,
     measure: float,
     subs_by_topic: dict[int, int] | None = None,
+    window: int = 2,
 ) -> dict[str, Any]:
     """One phase. ``subs_by_topic``: subscribers per topic id, when clients do not all take
-    every topic (the default: ``clients`` each)."""
+    every topic (the default: ``clients`` each); ``window``: the closed loop's rounds waiting."""
     rec.reset()
     if mode == "open" and 0 < rounds_per_s <= 4:
         # few rounds a second (each a burst): the window starts half an interval after a round
@@ -377,7 +383,7 @@ async def run_phase(
     # publishing before the window does
     limit = 10 * (warmup + measure) + 30
     if mode == "closed":
-        await http(port, "POST", f"/control/start?mode=closed&window=2&seconds={limit}")
+        await http(port, "POST", f"/control/start?mode=closed&window={window}&seconds={limit}")
     else:
         await http(
             port, "POST", f"/control/start?mode=open&rate={rounds_per_s:.6f}&seconds={limit}"
@@ -628,6 +634,7 @@ async def run_case(case: Case, args: argparse.Namespace, pin: bool) -> None:
                     args.warmup,
                     args.measure,
                     None if subscriptions == case.clients * case.topics else subs_by_topic,
+                    case.window,
                 )
                 r["server"] = case.server
                 r["app"] = case.app
@@ -990,6 +997,7 @@ def compare_plain_cases(rounds: int) -> list[Case]:
                         app=app,
                         label=label,
                         round=rnd,
+                        window=1,  # max: one round framed at a time, as the plain loop's
                     )
                 )
     return cases

@@ -241,6 +241,33 @@ def pushes_in(buf: bytes, pos: int, n: int, now: int, rec: Recorder) -> int:
     return pushes
 
 
+def frame_pushes(buf: bytes, pos: int, n: int, now: int, rec: Recorder) -> int:
+    """``decode="frame"``: the PUSH messages of one frame's payload counted, and only the first
+    one timed (its stamp is the frame's latency; no skew). A tenth of the work of
+    :func:`pushes_in` at ten messages a frame: for overload cases, where the load reading every
+    message's stamp could not keep up with the server and its backlog became the latency."""
+    if buf[pos] != PUSH or pos + 1 >= n or buf[pos + 1] >= 0x80:
+        return pushes_in(buf, pos, n, now, rec)  # the first one unusual: the whole frame
+    first = pos
+    pushes = 0
+    while pos + 1 < n and buf[pos] == PUSH and buf[pos + 1] < 0x80:
+        pushes += 1
+        pos += 2 + buf[pos + 1]
+    if pos < n:  # a GAP, a long message...: the rest the real way
+        pushes += _slow(buf[pos:n], now, rec)
+    if rec.recording:
+        p = first + 2
+        while buf[p] >= 0x80:  # topic:uv
+            p += 1
+        p += 1
+        while buf[p] >= 0x80:  # seq:uv
+            p += 1
+        p += 1
+        end = first + 2 + buf[first + 1]
+        rec.lat.append(now - int(buf[p + 5 : buf.index(b",", p + 5, end)]))
+    return pushes
+
+
 def masked(opcode: int, payload: bytes, mask: bytes) -> bytes:
     """A client's frame (RFC 6455 section 5.3: FIN, masked)."""
     n = len(payload)
@@ -267,9 +294,10 @@ class RawReader(asyncio.Protocol):
     that completed its frame, as ``StampedConnection`` took it.
     """
 
-    def __init__(self, rec: Recorder, full: bool, transport: Any) -> None:
+    def __init__(self, rec: Recorder, decode: str, transport: Any) -> None:
         self.rec = rec
-        self.full = full
+        self.full = decode == "full"
+        self.frames = decode == "frame"
         self.transport = transport
         self.rest = b""
         self.mask = os.urandom(4)
@@ -303,6 +331,8 @@ class RawReader(asyncio.Protocol):
             if opcode == 0x2:  # rubris sends each frame whole (FIN), binary
                 if self.full:
                     rec.count += _slow(data[i + h : end], now, rec)
+                elif self.frames:
+                    rec.count += frame_pushes(data, i + h, end, now, rec)
                 else:
                     rec.count += pushes_in(data, i + h, end, now, rec)
             elif opcode == 0x9:  # PING: PONG with its payload
@@ -384,7 +414,7 @@ async def open_client(url: str, names: list[str], rec: Recorder, decode: str) ->
     # websockets has read past the handshake would be lost to the raw reader, so there is none
     if ws.protocol.reader.buffer or ws.protocol.events or ws.recv_messages.frames:
         raise RuntimeError("the server sent more than the handshake before the bench began")
-    client.reader = RawReader(rec, decode == "full", ws.transport)
+    client.reader = RawReader(rec, decode, ws.transport)
     ws.transport.set_protocol(client.reader)
     return client
 

@@ -1218,9 +1218,11 @@ def main() -> None:
     ap.add_argument("--measure", type=float, default=None, help="seconds measured per phase")
     ap.add_argument(
         "--decode",
-        choices=["fast", "full"],
+        choices=["fast", "full", "frame"],
         default="fast",
-        help="full: every frame through iter_messages + orjson (slower load side)",
+        help="full: every frame through iter_messages + orjson (slower load side); frame: "
+        "messages counted, the first of each frame timed, no skew (overload cases, where the "
+        "load timing every message falls behind the server)",
     )
     ap.add_argument(
         "--server-gc",

@@ -536,6 +536,15 @@ def describe(r: dict[str, Any], label: str = "") -> str:
     return line
 
 
+def bottleneck_notes(r: dict[str, Any]) -> list[str]:
+    """What a table row says when the load, not the server alone, was the limit."""
+    if r["bottleneck"] == "load":
+        return ["LOAD-BOUND (the server had CPU to spare)"]
+    if r["bottleneck"] == "server and load":
+        return ["load saturated too"]
+    return []
+
+
 def noisy(r: dict[str, Any]) -> bool:
     """Did other processes use one of our two cores during the window?"""
     return any(v > NOISY_PCT for v in r["other_cpu_pct"].values())
@@ -910,13 +919,8 @@ def comparison_table(summary: dict[str, Any]) -> str:
                     err = failed.get((server, app, clients, topics), "no result")
                     lines.append(f"{start}{'-':>11}  ({err[:60]})")
                     continue
-                notes = []
-                if noisy(r):
-                    notes.append("NOISY")
-                if r["bottleneck"] == "load":
-                    notes.append("LOAD-BOUND (the server had CPU to spare)")
-                elif r["bottleneck"] == "server and load":
-                    notes.append("load saturated too")
+                notes = ["NOISY"] if noisy(r) else []
+                notes += bottleneck_notes(r)
                 lines.append(
                     f"{start}{r['delivered_per_s']:>11,} {r['server_cpu_pct']:>6.0f}% "
                     f"{fmt(r['delivered_per_server_cpu_s'], ',.0f'):>10} "
@@ -1126,13 +1130,8 @@ def plain_table(summary: dict[str, Any]) -> str:
                         )
                         lines.append(f"{start}{'-':>11}  ({err[:70]})")
                         continue
-                    notes = []
-                    if r["attempt"] > 1:
-                        notes.append(f"attempt {r['attempt']}")
-                    if r["bottleneck"] == "load":
-                        notes.append("LOAD-BOUND (the server had CPU to spare)")
-                    elif r["bottleneck"] == "server and load":
-                        notes.append("load saturated too")
+                    notes = [f"attempt {r['attempt']}"] if r["attempt"] > 1 else []
+                    notes += bottleneck_notes(r)
                     lines.append(
                         f"{start}{r['delivered_per_s']:>11,} {r['server_cpu_pct']:>6.0f}% "
                         f"{fmt(r['delivered_per_server_cpu_s'], ',.0f'):>10} "

@@ -71,15 +71,29 @@ def binary_frame(payload: bytes) -> bytes:
 class Outbox:
     """Frames decided in a cycle, written together: every :data:`BATCH` and at its end.
 
-    Bounded: at most ``BATCH`` frames wait, and none outlives the cycle's callback."""
+    Bounded: at most ``BATCH`` frames wait, and none outlives the cycle's callback. It also
+    keeps the WebSocket bytes of the latest frame it was given: the clients whose frame is the
+    same object (one topic's message, or a frame the builder shared) reuse them."""
 
     BATCH = 64
 
-    __slots__ = ("waiting",)
+    __slots__ = ("waiting", "_frame", "_wire")
 
     def __init__(self) -> None:
         self.waiting: list[tuple[Any, bytes]] = []
         """(transport, WebSocket frame) to write, in order."""
+        self._frame = b""
+        self._wire = binary_frame(b"")
+
+    def add(self, transport: Any, frame: bytes) -> None:
+        """``frame`` (a rubris frame) to write to ``transport`` with the others."""
+        if frame is not self._frame:  # a frame not seen just before: frame it
+            self._frame = frame
+            self._wire = binary_frame(frame)
+        waiting = self.waiting
+        waiting.append((transport, self._wire))
+        if len(waiting) >= self.BATCH:
+            self.flush()
 
     def flush(self) -> None:
         waiting = self.waiting
@@ -103,16 +117,13 @@ class DirectSocket:
         self.outbox = outbox
 
     def write(self, frame: bytes) -> bool:
-        """Write ``frame`` (already a WebSocket frame) with the cycle's others, if the server's
-        ``send`` would write it at once; False: not written, go through the ASGI ``send``."""
+        """Write ``frame`` (a rubris frame: its WebSocket bytes are the outbox's) with the
+        cycle's others, if the server's ``send`` would write it at once; False: not written,
+        go through the ASGI ``send``."""
         t = self.transport
         if t.is_closing() or t.get_write_buffer_size():
             return False
-        outbox = self.outbox
-        waiting = outbox.waiting
-        waiting.append((t, frame))
-        if len(waiting) >= Outbox.BATCH:
-            outbox.flush()
+        self.outbox.add(t, frame)
         return True
 
 

@@ -38,14 +38,18 @@ async def run_scheduler(engine: Engine, wake: asyncio.Event, outbox: Outbox) -> 
     frames a cycle wrote directly are written at its end, before anything else runs."""
     sched = engine.scheduler
     clock = engine.clock
+
+    def cycle() -> None:
+        try:
+            sched.run_cycle()
+        except Exception:  # a bug must not silently stop all delivery
+            log.exception("scheduler cycle failed")
+        finally:
+            outbox.flush()
+
     while True:
         if sched.has_work():
-            try:
-                sched.run_cycle()
-            except Exception:  # a bug must not silently stop all delivery
-                log.exception("scheduler cycle failed")
-            finally:
-                outbox.flush()
+            cycle()
             if sched.paused:
                 await settle(sched)
             else:
@@ -58,12 +62,7 @@ async def run_scheduler(engine: Engine, wake: asyncio.Event, outbox: Outbox) -> 
         timeout = None if timer is None else max(0.0, timer - clock())
         if timeout == 0.0:
             sched.idle = False
-            try:
-                sched.run_cycle()
-            except Exception:  # as above: a bug must not silently stop all delivery
-                log.exception("scheduler cycle failed")
-            finally:
-                outbox.flush()
+            cycle()
             await asyncio.sleep(0)
             continue
         with contextlib.suppress(asyncio.TimeoutError):

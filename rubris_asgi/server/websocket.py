@@ -31,7 +31,7 @@ from ..engine.flow import on_write_done
 from ..engine.session import Session, SessionState
 from ..errors import ErrorCode, ProtocolError
 from ..protocol import SUBPROTOCOL, Goodbye, encode
-from .direct import DirectSocket, Outbox, binary_frame, direct_socket
+from .direct import DirectSocket, Outbox, direct_socket
 from .gateway import CLOSE_CODES, Gateway, resumed_id
 from .relay import Relays
 
@@ -53,10 +53,6 @@ class WebSocketTransport:
         self.silent_checked = 0.0
         """When :meth:`close_silent` last walked the connections."""
         self.direct = gateway.config.writer.direct_writes
-        # the WebSocket bytes of the latest frame written directly: the clients whose frame
-        # is the same object (one topic's message, or a frame the builder shared) reuse them
-        self.last_frame = b""
-        self.last_wire = binary_frame(b"")
         self.writing: dict[WebSocketConnection, None] = {}
         """The connections with a write under way, which :meth:`close_blocked` looks at (a walk
         of every connection four times a second was 4 % of a core at 10,000 connections)."""
@@ -162,13 +158,7 @@ class WebSocketConnection:
         """Under uvicorn, the frame's prepared bytes straight to the socket when its ``send``
         would write at once (server/direct.py); False elsewhere and otherwise."""
         direct = self._direct
-        if direct is None or self.closed:
-            return False
-        transport = self.transport
-        if frame is not transport.last_frame:  # a frame not seen just before: frame it
-            transport.last_frame = frame
-            transport.last_wire = binary_frame(frame)
-        if not direct.write(transport.last_wire):
+        if direct is None or self.closed or not direct.write(frame):
             return False
         s = self.session
         if s is not None and s.state is SessionState.CLOSING:

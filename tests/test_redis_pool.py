@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from rubris_asgi import Rubris
 from rubris_asgi.cluster import RedisBroker
 from rubris_asgi.cluster.nodes import Head
 from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
+from rubris_asgi.cluster.redis.nodes import DOWN
+from rubris_asgi.cluster.redis.pool import Pool, PoolBusy, connect
 
 from .apps import make_rubris, starlette_app
 from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)
@@ -191,3 +196,108 @@ async def test_the_batch_store_serves_hundreds_of_concurrent_operations(url: str
         assert {(s.total, s.done) for s in statuses} == {(3, 0)}
     finally:
         await store.close()
+
+
+# ------------------------------------------------------------------ the permits, counted (issue 35)
+
+
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[str]:
+    """A TCP server on 127.0.0.1 that accepts and reads but never answers: a stalled Redis, as
+    a client meets it (the connect succeeds, the handshake or the command times out)."""
+    held: list[asyncio.StreamWriter] = []
+    server = await asyncio.start_server(lambda _r, w: held.append(w), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        for w in held:
+            w.close()
+        server.close()
+        await server.wait_closed()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+
+
+def small_client(url: str, timeout: float = 0.3) -> Any:
+    return connect(
+        url,
+        4,
+        10.0,  # pool_timeout: long enough that no command here gives up waiting for a permit
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def assert_all_free(client: Any) -> None:
+    pool = client.connection_pool
+    assert isinstance(pool, Pool)
+    assert pool.available == pool.max_connections == 4, (pool.available, pool.in_use)
+    assert pool.in_use == 0
+
+
+async def test_failed_connects_give_back_exactly_their_permits() -> None:
+    """Nothing listens: every command fails connecting, as what it is (Redis away, never the
+    pool's own limit), and afterwards the pool has exactly its 4 permits, not more (redis-py
+    releases a connection that failed to connect through the pool's ``release``: counted once)."""
+    client = small_client(closed_port_url())
+    try:
+        for _ in range(6):
+            with pytest.raises(DOWN):
+                await client.ping()
+        assert_all_free(client)
+        outcomes = await asyncio.gather(*(client.ping() for _ in range(40)), return_exceptions=True)
+        assert all(isinstance(o, DOWN) and not isinstance(o, PoolBusy) for o in outcomes), outcomes
+        assert not any("Too many connections" in str(o) for o in outcomes)
+        assert_all_free(client)
+    finally:
+        await client.aclose()
+
+
+async def test_timed_out_and_cancelled_commands_give_back_exactly_their_permits() -> None:
+    """A server that accepts and never answers: commands time out in the handshake; others are
+    cancelled while connecting or while waiting for a permit. Every permit comes back, once."""
+    async with silent_server() as url:
+        client = small_client(url, timeout=0.2)
+        try:
+            outcomes = await asyncio.gather(
+                *(client.ping() for _ in range(12)), return_exceptions=True
+            )
+            assert all(isinstance(o, DOWN) for o in outcomes), outcomes
+            assert_all_free(client)
+            # 4 connecting (each holds a permit), 6 waiting for one: all cancelled
+            tasks = [asyncio.create_task(client.ping()) for _ in range(10)]
+            await asyncio.sleep(0.05)
+            assert client.connection_pool.available == 0
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            assert_all_free(client)
+        finally:
+            await client.aclose()
+
+
+async def test_after_an_outage_the_pool_still_caps_and_serves_every_waiting_command(
+    redis_server: RedisServer,  # noqa: F811 (the fixture)
+) -> None:
+    """Redis down while 40 commands fail on a pool of 4, then back: 200 concurrent commands
+    each wait for one of the 4 connections and succeed; none is refused for the pool."""
+    client = small_client(redis_server.url, timeout=1.0)
+    try:
+        assert await client.ping()
+        redis_server.kill()
+        outcomes = await asyncio.gather(*(client.ping() for _ in range(40)), return_exceptions=True)
+        assert all(isinstance(o, DOWN) for o in outcomes), outcomes
+        assert_all_free(client)
+        redis_server.restart()
+        got = await asyncio.gather(*(client.incr("after") for _ in range(200)))
+        assert sorted(got) == list(range(1, 201))
+        assert_all_free(client)
+        assert len(client.connection_pool._in_use_connections) == 0
+    finally:
+        await client.aclose()

@@ -448,6 +448,7 @@ class RedisBroker(Broker):
                 await self._catch_up(follows)
                 return
             except PoolBusy:
+                await asyncio.sleep(RETRY[0])  # never round again without awaiting
                 follows = [f for f in follows if self._following.get(f.topic.name) is f]
 
     async def _open_pubsub(self) -> Any:

@@ -51,20 +51,31 @@ class Pool(aioredis.ConnectionPool):
         super().__init__(max_connections=max_connections, **options)
         self.timeout = timeout
         self._free = asyncio.Semaphore(max_connections)
+        self._lent: set[Any] = set()
+        """The connections ``get_connection`` handed out, each holding one permit until its
+        ``release``. A permit goes back exactly once per connection lent: redis-py also calls
+        ``release`` for a connection that failed to connect inside ``get_connection`` (never
+        lent), and releasing a permit for that too gave one more on every failed connect,
+        until the cap was gone."""
 
     async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
         await self._take()
         get = super().get_connection  # untyped in redis-py
         try:
             if command_name is None and not keys and not options:
-                return await (get("_") if self._named else get())  # type: ignore[no-untyped-call]
-            return await get(command_name, *keys, **options)  # type: ignore[no-untyped-call]
+                conn = await (get("_") if self._named else get())  # type: ignore[no-untyped-call]
+            else:
+                conn = await get(command_name, *keys, **options)  # type: ignore[no-untyped-call]
         except MaxConnectionsError as exc:  # the semaphore keeps below the cap: not expected
             self._free.release()
             raise self._busy() from exc
         except BaseException:
+            # redis-py gave a connection that failed to connect back through ``release``
+            # already, which returned no permit (it was not lent): this is its one return
             self._free.release()
             raise
+        self._lent.add(conn)
+        return conn
 
     async def _take(self) -> None:
         """A free connection's permit within ``timeout``, else ``PoolBusy``. A wait given up
@@ -91,9 +102,24 @@ class Pool(aioredis.ConnectionPool):
         if not waiter.cancelled() and waiter.exception() is None:
             self._free.release()
 
+    @property
+    def available(self) -> int:
+        """Permits free now: connections a command may still take or open at once."""
+        return self._free._value  # asyncio.Semaphore keeps its count there (no public reader)
+
+    @property
+    def in_use(self) -> int:
+        """Connections handed out and not given back."""
+        return len(self._lent)
+
     async def release(self, connection: Any) -> None:
-        await super().release(connection)  # raises for a connection not in use: no release
-        self._free.release()
+        lent = connection in self._lent
+        self._lent.discard(connection)
+        try:
+            await super().release(connection)  # raises for a connection not in use
+        finally:
+            if lent:
+                self._free.release()
 
     def _busy(self) -> PoolBusy:
         return PoolBusy(

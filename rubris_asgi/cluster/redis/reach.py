@@ -76,14 +76,19 @@ class Reach:
         """Await ``call()`` until Redis answers it (``call`` must be safe to repeat: the
         scripts answer a repeat from their first run). A failure marks Redis away (``lost``)
         and the call is tried again after a pause (``RETRY``); ``PoolBusy`` only waited for a
-        connection of this node's, so it is tried again at once, Redis not taken for away."""
+        connection of this node's, so it is tried again after the shortest pause, Redis not
+        taken for away."""
         delay = RETRY[0]
         while True:
             try:
                 answer = await call()
             except PoolBusy:
                 end_if_cancelled()
-                continue  # it waited pool_timeout already
+                # it waited pool_timeout, as a rule; but a retry never goes round without
+                # awaiting: one that did (a permit leak made PoolBusy come at once) held the
+                # event loop for good and froze the node
+                await asyncio.sleep(RETRY[0])
+                continue
             except DOWN as exc:
                 end_if_cancelled()
                 self.lost(who, exc)

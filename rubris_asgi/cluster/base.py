@@ -11,7 +11,8 @@ snapshot where every node can read them, and hands each message back to every no
 
 The engine knows nothing of this but the relay and ``apply``; the dispatcher awaits
 ``follow(topic)`` before a subscriber reads a topic's state, and the HTTP API asks
-``accepting()`` before its intake takes messages it must then never lose.
+``unavailable()`` before its intake takes messages it must then never lose (the intake keeps
+them until the broker's relay has room: engine/intake.py, ``Backlogged``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class BrokerStats:
     """Publishes refused with ``BrokerUnavailable`` (unreachable, or the outbox full)."""
     pending: int = 0
     """Publishes waiting to be numbered now (the outbox)."""
+    pending_peak: int = 0
+    """The most publishes the outbox held at once since the start (never over its bound)."""
     received: int = 0
     """Messages heard from the broker and stored in a followed topic."""
     fetched: int = 0
@@ -113,6 +116,12 @@ class Broker:
     def accepting(self, messages: int, nbytes: int) -> bool:
         """Whether ``messages`` publishes of ``nbytes`` would be taken now, all of them."""
         return True
+
+    def unavailable(self) -> str | None:
+        """Why the broker takes no publishes or items now (Redis unreachable, or refusing
+        writes), or None when it does: what the HTTP API's 503 and a REJECTED 6 say. What
+        the intake takes while it does is kept until the broker can take it."""
+        return None
 
     async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
         """Publish an encoded payload and wait until it is numbered; its seq. Raises

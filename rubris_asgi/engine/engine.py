@@ -123,9 +123,14 @@ class Engine(QueueOperations):
             for q in self.queues.values():
                 q.rehome(home)
 
+    def room_made(self) -> None:
+        """The relay has room again for what the intake holds (``Backlogged``)."""
+        self.intake.unblock()
+
     def leave(self) -> None:
         """Alone again (the broker stopped): publishes numbered here, queue items kept here."""
         self.relay = None
+        self.intake.unblock()  # what waited for the relay's room is published here now
         home, self.queue_home = self.queue_home, None
         if home is not None:
             for q in self.queues.values():

@@ -24,6 +24,7 @@ queues/producers.py).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
@@ -97,6 +98,15 @@ class FlowWatch:
         return len(recent)
 
 
+class Backlogged(Exception):
+    """Raised by a relay for a ``TAKEN`` message it has no room for now: its outbox holds as
+    much as outside publishers may fill (the rest is kept for the application's own
+    publishes). Nothing is refused: the intake keeps the message, first in its topic's line,
+    and moves it on after the broker's ``EngineEvents.room_made`` (membership.py). So what
+    outside publishers send waits in the intake, which is bounded and refuses whole requests
+    (429), never in an outbox past its bound."""
+
+
 @dataclass
 class IntakeStats:
     """Counters of the intake (``Rubris.stats().intake``)."""
@@ -148,6 +158,9 @@ class Intake:
         """Per topic: (payload, arrival time), in arrival order."""
         self.count = 0
         self.bytes = 0
+        self.blocked = False
+        """The relay had no room for the message first in line (``Backlogged``): the cycles
+        leave the intake alone until :meth:`unblock`."""
         self._watch = FlowWatch(flow, clock)
         self.stats = IntakeStats()
 
@@ -194,41 +207,63 @@ class Intake:
         one that has none, the last value of a snapshot topic.
 
         Called by the scheduler at the start of each cycle, so what is published here is
-        delivered in the same cycle.
+        delivered in the same cycle. A distributed broker's relay with no room for more
+        (``Backlogged``) stops the drain: the message stays first in its topic's line, the
+        topics served go to the back of the order (the next drain starts with the others),
+        and the intake waits (``blocked``) until :meth:`unblock`.
         """
         publish = self._publish
         emptied: list[SharedTopic] = []
+        served: list[SharedTopic] = []
         moved = 0
         conflated = 0
         size = 0
         for topic, q in self.queues.items():
             if topic.mode == SNAPSHOT and len(q) > 1:
                 conflated += len(q) - 1
-                size += sum(len(p) for p, _ in q)
-                batch: Iterable[tuple[bytes, float]] = (q[-1],)
+                for p, _ in itertools.islice(q, len(q) - 1):
+                    size += len(p)
+                last = q.pop()
                 q.clear()
-            elif not topic.subs:  # nobody to lap: the ring takes everything now
-                size += sum(len(p) for p, _ in q)
-                batch = tuple(q)
-                q.clear()
-            else:
-                batch = (q.popleft(),)
-                size += len(batch[0][0])
-            for payload, stamp in batch:
-                moved += 1
+                q.append(last)
+            take = len(q) if topic.mode == SNAPSHOT or not topic.subs else 1
+            # (a ring without subscribers takes everything now: nobody to lap)
+            for _ in range(take):
+                payload, stamp = q[0]
                 try:
                     publish(topic, payload, stamp)
+                except Backlogged:
+                    self.blocked = True
+                    break
                 except Exception:  # checked at the door; a failure must not stop the cycle
                     log.exception("intake: publishing to %s failed", topic.name)
+                q.popleft()
+                moved += 1
+                size += len(payload)
             if not q:
                 emptied.append(topic)
+            if self.blocked:
+                break
+            served.append(topic)
         for topic in emptied:
             del self.queues[topic]
+        if self.blocked:
+            queues = self.queues
+            for topic in served:  # to the back: the others go first next time
+                if topic in queues:
+                    queues[topic] = queues.pop(topic)
         self.count -= moved + conflated
         self.bytes -= size
         self.stats.published += moved
         self.stats.conflated += conflated
         self._check_flow()
+
+    def unblock(self) -> None:
+        """The relay has room again: drain at the next cycle."""
+        if self.blocked:
+            self.blocked = False
+            if self.count:
+                self._wake()
 
     def _check_flow(self) -> None:
         self.stats.flows += self._watch.check(self.fill)

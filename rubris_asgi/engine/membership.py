@@ -28,7 +28,9 @@ class Relayed(IntEnum):
     FIRST = 1
     """A first value: numbered only if the topic has no message yet; may be refused."""
     TAKEN = 2
-    """A message the intake took earlier: promised, so never refused."""
+    """A message the intake took earlier: promised, so never refused; but a relay whose
+    outbox holds what outside publishers may fill raises ``Backlogged``, and the intake keeps
+    it until :meth:`EngineEvents.room_made` (intake.py)."""
     IF_FOLLOWED = 3
     """Numbered only if some node follows (or followed) the topic: a change nobody may watch
     (``batch.{id}``) costs the broker no key; may be refused."""
@@ -62,6 +64,9 @@ class EngineEvents(Protocol):
 
     def restart_topic(self, t: SharedTopic, epoch: int) -> None:
         """The broker numbers ``t`` afresh as ``epoch``: forget what it held."""
+
+    def room_made(self) -> None:
+        """The relay, which raised ``Backlogged`` since, has room again: the intake moves on."""
 
 
 @dataclass(frozen=True)

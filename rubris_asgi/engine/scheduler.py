@@ -173,7 +173,10 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(
-            self.dirty or self.queues or self.clients or (self.intake and self.intake.count)
+            self.dirty
+            or self.queues
+            or self.clients
+            or (self.intake and self.intake.count and not self.intake.blocked)
         )
 
     def next_timer(self) -> float | None:
@@ -187,7 +190,7 @@ class Scheduler:
         stats = self.stats
         stats.cycles += 1
         intake = self.intake
-        if intake is not None and intake.count:
+        if intake is not None and intake.count and not intake.blocked:
             intake.drain()  # publishes here mark their topics dirty for this very cycle
         clients = self.clients
 

@@ -230,8 +230,9 @@ class Dispatcher:
         except (ProtocolError, MessageTooLarge) as exc:
             e.reject(s, m.req, exc.code, str(exc))
             return
-        if not self.broker.accepting(1, len(payload)):
-            e.reject(s, m.req, ErrorCode.TOO_MANY, "broker unavailable")
+        down = self.broker.unavailable()
+        if down is not None:
+            e.reject(s, m.req, ErrorCode.TOO_MANY, down)
         elif not e.offer([(t, payload)], s):
             e.reject(s, m.req, ErrorCode.TOO_MANY, f"ingest full ({e.intake.fill} %)")
 

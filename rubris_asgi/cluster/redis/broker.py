@@ -30,8 +30,9 @@ subscribers get UNSUBSCRIBED 11 and subscribe again, recovered=0.
 of every node: queues.py.
 
 Bounds: the outbox (outbox.py) holds at most ``outbox_messages`` publishes and ``outbox_bytes``
-of payload (a publish beyond is refused; messages the intake already took are always kept, the
-intake being bounded itself); a topic catching up keeps at most its ring's worth of new messages.
+of payload (a publish beyond is refused); what the intake took from outside publishers fills
+it only up to the part not kept for the application (``app_share``) and otherwise waits in the
+intake, bounded itself; a topic catching up keeps at most its ring's worth of new messages.
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ...engine.intake import Backlogged
 from ...engine.membership import EngineEvents, Membership, Relayed
 from ...engine.topics import RING, SharedTopic, new_epoch
 from ...errors import BrokerUnavailable
 from ..base import Broker, BrokerStats
 from ..nodes import SESSION_MARK
 from . import broker_lua
-from .nodes import DOWN, RedisNodeLink
+from .nodes import DOWN, RETRIED, RedisNodeLink
 from .outbox import Entry, Outbox
 from .persistence import Persistence, read_persistence, require_durable
 from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, PoolBusy, check_pool, connect
@@ -96,6 +98,9 @@ class RedisBroker(Broker):
         prefix: put before every key and channel (several apps on one Redis).
         history_ttl: seconds a topic's state lives in Redis after its last use.
         outbox_messages / outbox_bytes: the bounds of what waits to be sent to Redis.
+        app_share: the part of those bounds kept for the application's own publishes
+            (``publish``, ``publish_async``, batch announcements): what outside publishers
+            send (the HTTP API, clients' PUBLISH) waits in the intake rather than fill it.
         connect_timeout: seconds ``start`` waits for Redis before it fails.
         node_timeout: seconds a node may miss its heartbeat before the others take it for
             dead and give the queue items it held back to their queues (queues.py).
@@ -122,6 +127,7 @@ class RedisBroker(Broker):
         history_ttl: float = 86_400.0,
         outbox_messages: int = 10_000,
         outbox_bytes: int = 16 * 1024 * 1024,
+        app_share: float = 0.2,
         connect_timeout: float = 5.0,
         node_timeout: float = 10.0,
         max_connections: int = MAX_CONNECTIONS,
@@ -132,6 +138,8 @@ class RedisBroker(Broker):
         check_pool(max_connections, pool_timeout)
         if history_ttl <= 0 or outbox_messages < 1 or outbox_bytes < 1:
             raise ValueError("history_ttl, outbox_messages and outbox_bytes must be positive")
+        if not 0 <= app_share < 1:
+            raise ValueError("app_share must be at least 0 and below 1")
         if node_timeout < 3:
             raise ValueError("node_timeout must be at least 3 seconds (nodes beat every second)")
         self.url = url
@@ -153,7 +161,7 @@ class RedisBroker(Broker):
         self._pubsub: Any = None
         self._following: dict[str, _Follow] = {}
         self._confirm: dict[bytes, asyncio.Future[None]] = {}
-        self.outbox = Outbox(outbox_messages, outbox_bytes, self.counters)
+        self.outbox = Outbox(outbox_messages, outbox_bytes, self.counters, app_share)
         """The publishes on their way to Redis (outbox.py)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._reader_down = False
@@ -203,7 +211,8 @@ class RedisBroker(Broker):
         await self.queues.start(engine)
         self._tasks = [
             asyncio.create_task(
-                self.outbox.run(self._send, self.node), name="rubris-broker-writer"
+                self.outbox.run(self._send, self.node, engine.room_made),
+                name="rubris-broker-writer",
             ),
             asyncio.create_task(self._read_loop(), name="rubris-broker-reader"),
         ]
@@ -269,17 +278,23 @@ class RedisBroker(Broker):
     def accepting(self, messages: int, nbytes: int) -> bool:
         return self.reach.up and self.outbox.room(messages, nbytes)
 
+    def unavailable(self) -> str | None:
+        return None if self.reach.up else self.reach.reason or "Redis is unreachable"
+
     def relay(self, topic: SharedTopic, payload: bytes, compressed: bool, how: int) -> int:
-        """The relay the engine joins (``Membership``): into the outbox, or ``BrokerUnavailable``;
-        returns 0."""
-        if how != Relayed.TAKEN and not self.accepting(1, len(payload)):
-            self.outbox.refuse(self.reach.up, 1)
+        """The relay the engine joins (``Membership``): into the outbox, or ``BrokerUnavailable``
+        (``Backlogged`` for what the intake took, which it keeps); returns 0."""
+        if how == Relayed.TAKEN:
+            if not self.outbox.room_for_taken(len(payload)):
+                raise Backlogged
+        elif not self.accepting(1, len(payload)):
+            self.outbox.refuse(self.unavailable(), 1)
         self.outbox.put(Entry(topic, payload, compressed, _CONDITION.get(how, 0), None))
         return 0
 
     async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
         if not self.accepting(1, len(payload)):
-            self.outbox.refuse(self.reach.up, 1)
+            self.outbox.refuse(self.unavailable(), 1)
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.outbox.put(Entry(topic, payload, compressed, 0, done))
         return await done
@@ -315,7 +330,7 @@ class RedisBroker(Broker):
                 if not f.ready.done():
                     f.ready.set_exception(BrokerUnavailable(f"cannot follow {topic.name}: {exc}"))
                     f.ready.exception()  # retrieved: nobody else may be waiting
-                if isinstance(exc, (*DOWN, asyncio.TimeoutError)):
+                if isinstance(exc, (*RETRIED, asyncio.TimeoutError)):
                     raise BrokerUnavailable(f"cannot follow {topic.name}: {exc!r}") from exc
                 raise
             f.ready.set_result(None)
@@ -437,7 +452,7 @@ class RedisBroker(Broker):
     async def _repair(self, f: _Follow) -> None:
         try:
             await self._catch_up_patiently([f])
-        except DOWN as exc:
+        except RETRIED as exc:
             log.warning("cannot read %s's history (%s): the reconnection will", f.topic.name, exc)
 
     async def _catch_up_patiently(self, follows: Sequence[_Follow]) -> None:
@@ -498,9 +513,9 @@ class RedisBroker(Broker):
                     self._reader_down = False
                 delay = RETRY[0]
                 await self._listen(self._pubsub)
-            except Exception as exc:  # DOWN, PoolBusy, or anything unexpected
+            except Exception as exc:  # RETRIED, PoolBusy, or anything unexpected
                 end_if_cancelled()
-                if not isinstance(exc, (*DOWN, PoolBusy)):
+                if not isinstance(exc, (*RETRIED, PoolBusy)):
                     # the reader must outlive anything: dead, it leaves every followed topic
                     # unheard, with nothing to tell the clients
                     log.exception("the reader failed; reconnecting to Redis")
@@ -573,7 +588,7 @@ class RedisBroker(Broker):
             )
 
     async def _quietly(self, aw: Any) -> None:
-        with contextlib.suppress(*DOWN, BrokerUnavailable):
+        with contextlib.suppress(*RETRIED, BrokerUnavailable):
             await aw
 
     def stats(self) -> BrokerStats:

@@ -1,7 +1,7 @@
 """``RedisNodeLink``: requests from one node to another through Redis pub/sub; and what every
 user of
-Redis here shares: ``DOWN``, what a lost Redis raises (``RedisBroker.until_answered`` retries
-a call on it).
+Redis here shares: ``DOWN``, what a lost Redis raises, and ``REFUSING``, what one that takes no
+writes for now raises (``Reach.until_answered`` retries a call on either).
 
 Every node listens on its own channel, ``P n:NODE``. A request names an operation that the
 receiving node registered (``on``), carries a small JSON head and a body of bytes, and gets
@@ -27,7 +27,13 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import (
+    MasterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...errors import BrokerUnavailable
@@ -40,6 +46,13 @@ DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
 through). Not ``OSError`` as a whole: since Python 3.11 ``asyncio.TimeoutError`` is the
 builtin ``TimeoutError``, an ``OSError``, and a wait of ours that timed out (a reply from
 another node) is no sign that Redis is away."""
+REFUSING = (OutOfMemoryError, ReadOnlyError, MasterDownError, TryAgainError)
+"""What a Redis that answers but takes no writes for now raises: out of memory under
+``maxmemory-policy noeviction``, a replica (the master failed over), a replica cut off from its
+master, a busy key. Nothing was written (Redis refuses a script at its first write, so none
+ran half-way): retried as for ``DOWN``, and reported as what it is."""
+RETRIED = (*DOWN, *REFUSING)
+"""What a call to Redis is tried again on, after a pause (``Reach.until_answered``)."""
 
 
 class RedisNodeLink(NodeLink):

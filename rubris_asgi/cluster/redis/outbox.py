@@ -5,6 +5,13 @@ sends what waits, up to ``BATCH`` publishes in one script call, retried under th
 id until Redis answers (the script answers a repeat from its first run: nothing is numbered
 twice). Bounds: ``messages`` publishes and ``nbytes`` of payload; a publish over them is
 refused with ``BrokerUnavailable`` saying which bound (``refuse``), never dropped.
+
+What the intake took from outside publishers (the HTTP API, clients' PUBLISH) may fill the
+outbox up to ``messages - reserve`` and ``nbytes - reserve_bytes`` only (``room_for_taken``):
+the rest is the application's own, for its ``publish``, ``publish_async`` and batch
+announcements, which an outside flood can then never starve. A message the intake cannot hand
+over waits there (``Backlogged``, engine/intake.py); the intake is woken when a batch sent
+makes room.
 """
 
 from __future__ import annotations
@@ -54,10 +61,15 @@ Send = Callable[[Sequence[Entry], str], Awaitable[list[int]]]
 class Outbox:
     """What waits to be numbered by Redis, and the task that sends it."""
 
-    def __init__(self, messages: int, nbytes: int, counters: BrokerStats) -> None:
+    def __init__(self, messages: int, nbytes: int, counters: BrokerStats, app_share: float) -> None:
         self.messages = messages
         self.nbytes = nbytes
+        self.taken_messages = messages - int(messages * app_share)
+        """What the intake's messages may fill at most (the rest is the application's)."""
+        self.taken_bytes = nbytes - int(nbytes * app_share)
         self.counters = counters
+        self.intake_waiting = False
+        """The intake found no room (``room_for_taken``): wake it when a batch makes some."""
         self.entries: deque[Entry] = deque()
         self.size = 0
         """Payload bytes waiting."""
@@ -72,11 +84,20 @@ class Outbox:
         """Whether ``messages`` publishes of ``nbytes`` fit, all of them."""
         return len(self.entries) + messages <= self.messages and self.size + nbytes <= self.nbytes
 
-    def refuse(self, up: bool, messages: int) -> None:
-        """Raise ``BrokerUnavailable`` with the reason a publish is not taken."""
+    def room_for_taken(self, nbytes: int) -> bool:
+        """Whether a message the intake took (``nbytes`` of payload) fits in the outside
+        publishers' part; when not, the intake is marked waiting for room."""
+        if len(self.entries) < self.taken_messages and self.size + nbytes <= self.taken_bytes:
+            return True
+        self.intake_waiting = True
+        return False
+
+    def refuse(self, down: str | None, messages: int) -> None:
+        """Raise ``BrokerUnavailable`` with the reason a publish is not taken: ``down``, why
+        Redis takes nothing now (None: it does, and the outbox is full)."""
         self.counters.refused += 1
-        if not up:
-            raise BrokerUnavailable("Redis is unreachable: publish refused, try again shortly")
+        if down is not None:
+            raise BrokerUnavailable(f"{down}: publish refused, try again shortly")
         if len(self.entries) + messages > self.messages:
             raise BrokerUnavailable(
                 f"{len(self.entries)} publishes wait to be sent to Redis, the most this node "
@@ -88,13 +109,18 @@ class Outbox:
         )
 
     def put(self, entry: Entry) -> None:
-        self.entries.append(entry)
+        entries = self.entries
+        entries.append(entry)
         self.size += len(entry.payload)
-        self.counters.relayed += 1
+        counters = self.counters
+        counters.relayed += 1
+        if len(entries) > counters.pending_peak:
+            counters.pending_peak = len(entries)
         self._wake.set()
 
-    async def run(self, send: Send, node: str) -> None:
-        """Send what waits, batch by batch, for ever (cancelled at stop)."""
+    async def run(self, send: Send, node: str, room_made: Callable[[], None]) -> None:
+        """Send what waits, batch by batch, for ever (cancelled at stop); ``room_made()``
+        when a batch sent made room for an intake that waits."""
         outbox = self.entries
         while True:
             if not outbox:
@@ -118,6 +144,9 @@ class Outbox:
                     self.counters.numbered += 1
                 if entry.done is not None and not entry.done.done():
                     entry.done.set_result(int(seq))
+            if self.intake_waiting and self.room_for_taken(0):
+                self.intake_waiting = False
+                room_made()
             if not outbox:
                 self._emptied.set()
 

@@ -49,7 +49,7 @@ import orjson
 from ...engine.queues import QueueItem, QueueTopic
 from ...errors import BrokerUnavailable, QueueFull
 from . import queues_lua as scripts
-from .nodes import DOWN
+from .nodes import RETRIED
 from .outbox import Outbox
 from .reach import Reach, end_if_cancelled
 
@@ -188,8 +188,8 @@ class RedisQueues:
             await self._scripts["BEAT"](
                 args=[self.prefix, self.node, self.lapse_ms, "0", self.pause_ms]
             )
-        except DOWN as exc:
-            raise BrokerUnavailable(f"cannot reach Redis at start: {exc}") from exc
+        except RETRIED as exc:
+            raise BrokerUnavailable(f"cannot use Redis at start: {exc}") from exc
         self._started = True
         self._tasks = [
             asyncio.create_task(self._write_loop(), name="rubris-queues-writer"),
@@ -258,8 +258,9 @@ class RedisQueues:
     def put(self, q: QueueTopic, item: QueueItem) -> None:
         # an item accepted is promised to a consumer: never into a Redis that would lose it
         self.broker.require_durable("work-queue items")
-        if not self.broker.reach.up:  # Redis away (this module's calls too)
-            raise BrokerUnavailable("Redis is unreachable: item refused, try again shortly")
+        if not self.broker.reach.up:  # Redis away or refusing writes (this module's calls too)
+            why = self.broker.reach.reason or "Redis is unreachable"
+            raise BrokerUnavailable(f"{why}: item refused, try again shortly")
         if self.free(q) < 1:
             v = self._views[q.name]
             if v.pending >= PENDING_MAX or len(self._puts) >= self.broker.outbox.messages:
@@ -538,7 +539,7 @@ class RedisQueues:
                     got = await pipe.execute()
                     for v, n, version in zip(views, got[::2], got[1::2], strict=True):
                         self.heard(v.q.name, b"%d:%d" % (n, int(version or 0)))
-            except (*DOWN, BrokerUnavailable):
+            except (*RETRIED, BrokerUnavailable):
                 # the next beat tries again (the writer's retries say when Redis is back); a
                 # BrokerUnavailable here only waited for a free connection of this node's
                 end_if_cancelled()

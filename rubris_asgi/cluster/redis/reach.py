@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ..base import BrokerStats
-from .nodes import DOWN
+from .nodes import REFUSING, RETRIED
 from .pool import PoolBusy
 
 log = logging.getLogger("rubris_asgi.broker")
@@ -47,23 +47,30 @@ class Reach:
         self.up = True
         """Whether Redis answered the latest call of any part of this node: publishes and
         items are refused while it did not."""
+        self.reason: str | None = None
+        """Why, while not ``up``: Redis unreachable, or refusing writes (and what it said)."""
         self._answered = asyncio.Event()
         """Set (and replaced) when Redis answers after an outage: retries pause no longer."""
 
     def lost(self, who: str, exc: BaseException) -> None:
-        """A call of ``who`` found Redis away: publishes and items are refused until any
-        call gets through."""
+        """A call of ``who`` found Redis away, or refusing writes (``REFUSING``): publishes
+        and items are refused until any call gets through."""
+        if isinstance(exc, REFUSING):
+            self.reason = f"Redis refuses writes ({exc})"
+        else:
+            self.reason = f"Redis is unreachable ({exc or type(exc).__name__})"
         if self.up:
             self.up = False
             self.counters.outages += 1
-            log.warning("Redis unreachable (%s): %s; publishes refused until it is back", who, exc)
+            log.warning("%s, seen by the %s; publishes refused until it is back", self.reason, who)
 
     def answered(self) -> None:
         """A call got through: Redis is back for every part of the node, whose retries
         stop pausing."""
         if not self.up:
             self.up = True
-            log.warning("Redis reachable again: publishes taken")
+            self.reason = None
+            log.warning("Redis answers again: publishes taken")
         answered, self._answered = self._answered, asyncio.Event()
         answered.set()
 
@@ -74,7 +81,8 @@ class Reach:
 
     async def until_answered(self, call: Callable[[], Awaitable[T]], who: str) -> T:
         """Await ``call()`` until Redis answers it (``call`` must be safe to repeat: the
-        scripts answer a repeat from their first run). A failure marks Redis away (``lost``)
+        scripts answer a repeat from their first run). A failure (``RETRIED``: Redis away, or
+        refusing writes) marks Redis away (``lost``)
         and the call is tried again after a pause (``RETRY``); ``PoolBusy`` only waited for a
         connection of this node's, so it is tried again after the shortest pause, Redis not
         taken for away."""
@@ -89,7 +97,7 @@ class Reach:
                 # event loop for good and froze the node
                 await asyncio.sleep(RETRY[0])
                 continue
-            except DOWN as exc:
+            except RETRIED as exc:
                 end_if_cancelled()
                 self.lost(who, exc)
                 await self.pause(delay)

@@ -123,8 +123,9 @@ class HttpApi(Guard):
             return self.refusal(r)
         except ProtocolError as exc:  # too many topics on this server
             return self.refusal(Refusal(503, str(exc)))
-        if not self.broker.accepting(len(items), sum(len(p) for _, p in items)):
-            return self._broker_away()
+        down = self.broker.unavailable()
+        if down is not None:
+            return self._broker_away(down)
         if not engine.offer(items):
             return self._full(len(items))
         return self._answer({"accepted": len(items), "duplicates": 0})
@@ -158,8 +159,9 @@ class HttpApi(Guard):
                 for _i, name, ch, payload, item_id, ref in staged
             ]
             queues = list({q.number: q for q, _p, _id, _b in items}.values())
-            if not self.broker.accepting(0, 0):  # shared queues wait in Redis
-                return self._broker_away()
+            down = self.broker.unavailable()  # shared queues wait in Redis
+            if down is not None:
+                return self._broker_away(down)
             if batch is not None:
                 return await self._enqueue_in_batch(batch, items, queues)
         except Refusal as r:
@@ -244,9 +246,9 @@ class HttpApi(Guard):
             queues,
         )
 
-    def _broker_away(self) -> Response:
+    def _broker_away(self, why: str) -> Response:
         return self._answer(
-            {"error": "the broker (Redis) cannot take messages now"},
+            {"error": f"{why}: nothing of this request was taken"},
             503,
             {"Retry-After": str(BROKER_RETRY_AFTER)},
         )

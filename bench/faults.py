@@ -111,7 +111,7 @@ def table(tallies: list[Tally]) -> str:
 
 def details(t: Tally) -> str:
     out = [
-        f"{t.name}: {SCENARIOS[t.name][3]}; {t.clients} clients",
+        f"{t.name}: {SCENARIOS[t.name].description}; {t.clients} clients",
         f"  publishes accepted {t.publishes_accepted} refused {t.publishes_refused} unknown "
         f"{t.publishes_unknown}; clients with silent ring loss {t.clients_with_silent_loss}",
         f"  send_to outcomes {t.refusals or {}} (unanswered {t.private_unanswered}, unknown "
@@ -144,7 +144,7 @@ async def amain(args: argparse.Namespace) -> list[Tally]:
             after_s=7.0 if name in ("blackhole", "redis_stall") else 4.0,
             inflight_s=15.0,
         )
-        print(f"--- {name}: {SCENARIOS[name][3]} ({args.clients} sessions)", flush=True)
+        print(f"--- {name}: {SCENARIOS[name].description} ({args.clients} sessions)", flush=True)
         t = await scenario(name, scale)
         print(details(t), flush=True)
         tallies.append(t)

@@ -7,6 +7,11 @@ the channels the scenarios use (ring topics, a private inbox, a work queue), one
                        "inbox", {"n": n})`` for each, all at once (as many concurrent calls
                        as pairs), answering each call's outcome in order: "ok", or the name of
                        the exception it raised (the test sorts them into refused and unknown)
+    POST /fault/own    {"n": n}: ``Rubris.publish("ring.own", n)``, the application's own
+                       publish (as a handler of the app's makes), answering "ok" or the
+                       exception's name and text
+    GET  /fault/ping   this node's pid at once: whether its event loop answers (a frozen
+                       node does not)
 
 It is a route of the node rather than an RPC of a client so that a send's caller is the node
 itself, as in an application's own handler, and so that a client's call timeout or its own
@@ -87,6 +92,19 @@ async def send(request: Request) -> Response:
     return Response(orjson.dumps(outcomes), media_type="application/json")
 
 
+async def own(request: Request) -> Response:
+    n = int(orjson.loads(await request.body())["n"])
+    try:
+        rubris.publish("ring.own", n)
+    except Exception as exc:
+        return Response(orjson.dumps(f"{type(exc).__name__}: {exc}"), media_type="application/json")
+    return Response(b'"ok"', media_type="application/json")
+
+
+async def ping(request: Request) -> Response:
+    return Response(str(os.getpid()).encode(), media_type="text/plain")
+
+
 async def debug(request: Request) -> Response:
     """GET /fault/debug: this node's figures for a scenario's post-mortem: ``rubris.stats()``,
     each ring topic's head here and the ring cursors of the sessions following it (how far
@@ -128,6 +146,8 @@ async def debug(request: Request) -> Response:
 app = Starlette(
     routes=[
         Route("/fault/send", send, methods=["POST"]),
+        Route("/fault/own", own, methods=["POST"]),
+        Route("/fault/ping", ping, methods=["GET"]),
         Route("/fault/debug", debug, methods=["GET"]),
         Mount("/rubris", rubris),
     ],

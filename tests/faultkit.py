@@ -133,6 +133,7 @@ class Node:
         self.logfile = os.path.join(logdir, f"node-{name}.log")
         self.proc: asyncio.subprocess.Process | None = None
         self.killed = False
+        self.paused = False
 
     async def start(self) -> None:
         env = {**os.environ, "RUBRIS_REDIS_URL": self.redis_url}
@@ -178,10 +179,23 @@ class Node:
         self.proc.kill()
         self.killed = True
 
+    def pause(self) -> None:
+        """SIGSTOP: the process stands still, its sockets open, until ``resume``."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
+
     async def stop(self) -> None:
         proc = self.proc
         if proc is None:
             return
+        if self.paused and proc.returncode is None:
+            self.resume()
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -269,6 +283,53 @@ async def open_watch(
 
         await client.consume(QUEUE, handle, prefetch=4, codel_target=None)
     return w
+
+
+# ---------------------------------------------------------------------------- the probe
+
+FROZEN_S = 10.0
+"""A node that answers no request for this long is frozen (a loop that never awaits; seen in
+issue 35: a node spinning for good after a long Redis stall). Far above what a busy node on
+2 cores takes to answer (well under a second), far below the minutes a freeze lasts."""
+
+
+class Probe:
+    """Asks every node ``GET /fault/ping`` four times a second, from the start of the load to
+    its count, and keeps the longest time each went without an answer (a node killed or paused
+    by the scenario is not asked meanwhile)."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = nodes
+        self.longest = [0.0] * len(nodes)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._ask(i)) for i in range(len(self.nodes))]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _ask(self, i: int) -> None:
+        node = self.nodes[i]
+        loop = asyncio.get_running_loop()
+        answered = loop.time()
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            while True:
+                await asyncio.sleep(0.25)
+                now = loop.time()
+                if node.killed or node.paused:
+                    answered = now
+                    continue
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(node.base + "/fault/ping")).status_code == 200:
+                        answered = loop.time()
+                self.longest[i] = max(self.longest[i], loop.time() - answered)
+
+    @property
+    def frozen(self) -> int:
+        return sum(s > FROZEN_S for s in self.longest)
 
 
 # ---------------------------------------------------------------------------- the load
@@ -491,6 +552,20 @@ class Tally:
     new_sessions: int = 0
     reconnect_s: float = 0.0
     node_log_lines: int = 0
+    frozen: int = 0
+    """Nodes that answered no request for ``FROZEN_S`` at some point (``Probe``)."""
+    unanswered_s: float = 0.0
+    """The longest any node went without answering a probe."""
+    outbox_peak: int = 0
+    """The most publishes node B's outbox held at once (``BrokerStats.pending_peak``)."""
+    outbox_over_limit: int = 0
+    """1 when that passed the outbox's bound (``outbox_messages``)."""
+    flood_accepted: int = 0
+    """Messages of the publish flood the API answered 200 for (``flood``)."""
+    flood_unnumbered: int = 0
+    """Of those, never numbered by Redis (lost)."""
+    own_refused: int = 0
+    """The application's own publishes refused during the flood (its share of the outbox)."""
     publishing_back: bool = True
     """Node B accepted the end marker within 10 s of the load's end (the fault is over by
     then: refusing publishes still is a refusal with no cause)."""
@@ -522,6 +597,10 @@ class Tally:
             "queue_unmarked",
             "queue_left",
             "burst_failed",
+            "frozen",
+            "outbox_over_limit",
+            "flood_unnumbered",
+            "own_refused",
         ):
             value = getattr(self, name)
             if value:
@@ -649,6 +728,10 @@ class Cluster:
     scale: Scale
     homes: dict[str, int] = field(default_factory=dict)
     """Node id (a session id's prefix) -> the index of the node it names."""
+    relay: Balancer | None = None
+    """The TCP relay between the nodes and Redis (``via_relay``), which ``hold()`` stalls."""
+    flood: Flood | None = None
+    """The publish flood and the application's own publishes (``flood``), when it ran."""
 
 
 Fault = Callable[[Cluster], Awaitable[None]]
@@ -680,16 +763,21 @@ async def _until(
 
 
 @contextlib.asynccontextmanager
-async def cluster(scale: Scale, split: bool) -> AsyncIterator[Cluster]:
+async def cluster(scale: Scale, split: bool, via_relay: bool = False) -> AsyncIterator[Cluster]:
     """Redis, two nodes, the balancer, the clients (all on node A, or alternately on A and B
-    with ``split``) and the load, not started; everything stopped on exit."""
+    with ``split``) and the load, not started; everything stopped on exit. ``via_relay``: the
+    nodes reach Redis through a TCP relay (tests/lbkit.py's ``Balancer``) that can stall."""
     logdir = tempfile.mkdtemp(prefix="rubris-faults-")
     redis = FaultRedis()
     await asyncio.to_thread(redis.start)
-    nodes = [Node(redis.url, logdir, "a"), Node(redis.url, logdir, "b")]
     watches: list[Watch] = []
     load: Load | None = None
+    nodes: list[Node] = []
+    relay_cm = Balancer([redis.url]) if via_relay else contextlib.nullcontext()
     try:
+        relay = await relay_cm.__aenter__()
+        url = redis.url if relay is None else relay.base.replace("http:", "redis:") + "/0"
+        nodes = [Node(url, logdir, "a"), Node(url, logdir, "b")]
         await asyncio.gather(*(n.start() for n in nodes))
         # split: the balancer alternates the nodes connection by connection (the scenarios
         # that split their clients never drop connections, so reconnections do not matter)
@@ -712,7 +800,7 @@ async def cluster(scale: Scale, split: bool) -> AsyncIterator[Cluster]:
                 pid = await w.client.call("pid", None, timeout=10)
                 homes[w.first_sid.split("~")[0]] = pids[pid]
             load = Load(nodes[1].base, watches, scale, topics)
-            yield Cluster(redis, nodes, lb, load, watches, scale, homes)
+            yield Cluster(redis, nodes, lb, load, watches, scale, homes, relay)
     except BaseException as exc:
         for n in nodes:  # what the nodes said is what explains a scenario that broke
             exc.add_note(f"node {n.base} log tail:\n{n.log()}")
@@ -722,6 +810,7 @@ async def cluster(scale: Scale, split: bool) -> AsyncIterator[Cluster]:
             await load.close()
         await asyncio.gather(*(w.client.close() for w in watches), return_exceptions=True)
         await asyncio.gather(*(n.stop() for n in nodes), return_exceptions=True)
+        await relay_cm.__aexit__(None, None, None)
         await asyncio.to_thread(redis.stop)
         if os.environ.get("RUBRIS_FAULT_DEBUG"):
             print(f"debug: node logs kept in {logdir}", file=sys.stderr)
@@ -734,20 +823,30 @@ async def cluster(scale: Scale, split: bool) -> AsyncIterator[Cluster]:
 
 
 async def run(
-    name: str, fault: Fault, scale: Scale, *, split: bool = False, reconnects: bool = True
+    name: str,
+    fault: Fault,
+    scale: Scale,
+    *,
+    split: bool = False,
+    reconnects: bool = True,
+    via_relay: bool = False,
+    burst: bool = False,
 ) -> Tally:
     """One scenario: load, the fault, more load, then settle and count. ``reconnects``: the
     fault drops the clients' connections (each must come back, and resume unless its node
-    died)."""
+    died); ``via_relay``: the nodes reach Redis through a relay the fault may stall;
+    ``burst``: after the load, one ``send_to`` to every client at once."""
     began = time.monotonic()
     phases: dict[str, float] = {}
 
     def mark(phase: str) -> None:
         phases[phase] = round(max(0.0, time.monotonic() - began - sum(phases.values())), 2)
 
-    async with cluster(scale, split) as c:
+    async with cluster(scale, split, via_relay) as c:
         mark("setup")
         load = c.load
+        probe = Probe(c.nodes)
+        probe.start()
         load.start()
         await asyncio.sleep(scale.before_s)
         struck = time.monotonic()
@@ -765,7 +864,7 @@ async def run(
         await asyncio.sleep(max(1.0, scale.after_s - (time.monotonic() - struck)))
         await load.stop()
         mark("load")
-        if name == "burst":
+        if burst:
             await load.send_burst()
         ended = await load.publish_end()
         mark("end")
@@ -846,8 +945,12 @@ async def run(
         finally:
             r.close()
         mark("redis")
+        await probe.stop()
         dead = {nid for nid, i in c.homes.items() if c.nodes[i].killed}
         tally = count(name, c.watches, load, heads, dead, left)
+        tally.frozen = probe.frozen
+        tally.unanswered_s = max(probe.longest)
+        await outbox_count(c, tally)
         tally.notes.extend(notes)
         tally.publishing_back = ended
         tally.ring_settled = ok or not ended  # no marker: already said by publishing_back
@@ -994,6 +1097,104 @@ async def postmortem(c: Cluster, heads: dict[str, int]) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------------------- the flood
+
+OUTBOX_MESSAGES = 10_000
+"""``RedisBroker``'s default ``outbox_messages``, which tests/fault_app.py keeps."""
+FLOOD_TOPIC = "ring.flood"
+"""The flood's topic: no client follows it (the intake hands it on at once, and the rings'
+count is not the flood's)."""
+
+
+class Flood:
+    """The publish flood of issue 35: ``posters`` publishers each sending requests of
+    ``size`` messages to node B's ``/api/publish`` as fast as they are answered, while the
+    application's own publish (``/fault/own``) runs every 20 ms. Counts what the API accepted
+    and what the application was refused."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.accepted = 0
+        self.unknown = 0
+        self.refused = 0
+        self.own_ok = 0
+        self.own_refused: list[str] = []
+        """The application's publishes refused for the outbox's bound (its share taken)."""
+        self.own_other: list[str] = []
+        """Refused for another reason (Redis away: true, and not the share's failure)."""
+
+    async def run(self, seconds: float, posters: int = 4, size: int = 500) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(timeout=10.0, headers=headers) as http:
+
+            async def poster(k: int) -> None:
+                n = 0
+                while loop.time() < deadline:
+                    body = [
+                        {"topic": FLOOD_TOPIC, "data": {"k": k, "n": n + i}} for i in range(size)
+                    ]
+                    n += size
+                    try:
+                        r = await http.post(self.base + "/rubris/api/publish", json=body)
+                    except httpx.HTTPError:
+                        self.unknown += size
+                        continue
+                    if r.status_code == 200:
+                        self.accepted += size
+                    else:
+                        self.refused += size
+                        await asyncio.sleep(0.05)  # a flood ignores Retry-After, but never spins
+
+            async def own() -> None:
+                n = 0
+                while loop.time() < deadline:
+                    with contextlib.suppress(httpx.HTTPError):
+                        r = await http.post(self.base + "/fault/own", json={"n": n})
+                        outcome = str(orjson.loads(r.content))
+                        if outcome == "ok":
+                            self.own_ok += 1
+                        elif "publishes wait" in outcome or "bytes of publishes" in outcome:
+                            self.own_refused.append(outcome)
+                        else:
+                            self.own_other.append(outcome)
+                    n += 1
+                    await asyncio.sleep(0.02)
+
+            await asyncio.gather(*(poster(k) for k in range(posters)), own())
+
+
+async def outbox_count(c: Cluster, t: Tally) -> None:
+    """Node B's outbox at its fullest, and what became of the flood (when it ran)."""
+    async with httpx.AsyncClient(timeout=20) as http:
+        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+            d = (await http.get(c.nodes[1].base + "/fault/debug")).json()
+            t.outbox_peak = int(d["stats"]["broker"]["pending_peak"])
+    t.outbox_over_limit = int(t.outbox_peak > OUTBOX_MESSAGES)
+    f = c.flood
+    if f is None:
+        return
+    r = c.redis.sync()
+    try:
+        numbered = 0
+        for _ in range(100):  # the intake may still hand the last of it on
+            numbered = int(await asyncio.to_thread(r.hget, f"{PREFIX}t:{FLOOD_TOPIC}", "s") or 0)
+            if numbered >= f.accepted:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        r.close()
+    t.flood_accepted = f.accepted
+    t.flood_unnumbered = max(0, f.accepted - numbered)
+    t.own_refused = len(f.own_refused)
+    t.notes.append(
+        f"flood: {f.accepted} accepted, {f.refused} refused, {f.unknown} unknown, "
+        f"{numbered} numbered; own publishes {f.own_ok} ok, {len(f.own_refused)} refused for "
+        f"the outbox, {len(f.own_other)} otherwise {f.own_other[:2]}"
+    )
+
+
 # ---------------------------------------------------------------------------- the faults
 
 
@@ -1030,20 +1231,143 @@ async def stall_redis(c: Cluster) -> None:
     await c.redis.stall(NODE_TIMEOUT + 1.5)
 
 
-SCENARIOS: dict[str, tuple[Fault, bool, bool, str]] = {
-    # name: (fault, split clients over both nodes, the fault drops connections, description)
-    "reset": (reset_a, False, True, "every session of node A reset (RST), resumed on B"),
-    "blackhole": (blackhole_a, False, True, "paths to node A dead without a reset"),
-    "kill": (kill_a, False, True, "node A killed (SIGKILL) with sessions and items"),
-    "redis_restart": (restart_redis, True, False, "Redis restarted (appendonly yes)"),
-    "redis_stall": (stall_redis, True, False, "Redis stalled past node_timeout"),
-    "burst": (reset_a, False, True, "concurrent resumes, then concurrent send_to"),
+def stall_redis_for(seconds: float) -> Fault:
+    """Redis answers nobody for ``seconds`` (``DEBUG SLEEP``): past the nodes' 5 s socket
+    timeout, every command in flight fails and every connection made meanwhile hangs."""
+
+    async def stall(c: Cluster) -> None:
+        await c.redis.stall(seconds)
+
+    return stall
+
+
+async def restart_redis_then_resume_all(c: Cluster) -> None:
+    """Redis away for 3 s (stopped, started again), then at once every connection to node A
+    reset: every client resumes through B at the same moment, while the nodes' pools are
+    coming back from the outage."""
+    await asyncio.to_thread(c.redis.kill)
+    await asyncio.sleep(3.0)
+    await asyncio.to_thread(c.redis.restart)
+    c.lb.route(1)
+    c.lb.reset()
+
+
+async def kill_redis_clients(c: Cluster) -> None:
+    """``CLIENT KILL TYPE normal`` and ``TYPE pubsub``: every connection of every node to
+    Redis dropped by Redis itself, twice, 1 s apart."""
+    r = c.redis.sync()
+    try:
+        for _ in range(2):
+            for kind in ("normal", "pubsub"):
+                await asyncio.to_thread(r.execute_command, "CLIENT", "KILL", "TYPE", kind)
+            await asyncio.sleep(1.0)
+    finally:
+        r.close()
+
+
+async def redis_out_of_memory(c: Cluster) -> None:
+    """``maxmemory`` below what Redis uses, ``noeviction``: every write refused (OOM) for 4 s,
+    reads and pub/sub still answered."""
+    r = c.redis.sync()
+    try:
+        used = int((await asyncio.to_thread(r.info, "memory"))["used_memory"])
+        await asyncio.to_thread(r.config_set, "maxmemory-policy", "noeviction")
+        await asyncio.to_thread(r.config_set, "maxmemory", max(1, used // 2))
+        await asyncio.sleep(4.0)
+        await asyncio.to_thread(r.config_set, "maxmemory", 0)
+    finally:
+        r.close()
+
+
+async def flood_with_slow_redis(c: Cluster) -> None:
+    """The publish flood through node B's API for 8 s, Redis standing still for 3 s of it
+    (``DEBUG SLEEP``, below the socket timeout: slow, not away), so the outbox fills."""
+    c.flood = Flood(c.nodes[1].base)
+    flood = asyncio.create_task(c.flood.run(8.0))
+    await asyncio.sleep(2.0)
+    await c.redis.stall(3.0)
+    await flood
+
+
+async def stall_the_path_to_redis(c: Cluster) -> None:
+    """The TCP relay between the nodes and Redis forwards nothing for 15 s, closing nothing,
+    then lets everything through (Redis unreachable without a close)."""
+    assert c.relay is not None
+    c.relay.hold()
+    await asyncio.sleep(15.0)
+    c.relay.release()
+
+
+async def pause_a(c: Cluster) -> None:
+    """Node A stopped (SIGSTOP) for 15 s, past ``node_timeout``, then continued: meanwhile
+    its clients reconnect to B and B takes A for dead, giving back the work items A held."""
+    c.lb.route(1)
+    c.nodes[0].pause()
+    await asyncio.sleep(15.0)
+    c.nodes[0].resume()
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A scenario: its fault and how the cluster is laid out for it."""
+
+    fault: Fault
+    split: bool
+    """Clients alternately on both nodes (the faults of Redis); else all on node A."""
+    reconnects: bool
+    """The fault drops the clients' connections (each must come back)."""
+    description: str
+    via_relay: bool = False
+    burst: bool = False
+
+
+SCENARIOS: dict[str, Spec] = {
+    "reset": Spec(reset_a, False, True, "every session of node A reset (RST), resumed on B"),
+    "blackhole": Spec(blackhole_a, False, True, "paths to node A dead without a reset"),
+    "kill": Spec(kill_a, False, True, "node A killed (SIGKILL) with sessions and items"),
+    "redis_restart": Spec(restart_redis, True, False, "Redis restarted (appendonly yes)"),
+    "redis_stall": Spec(stall_redis, True, False, "Redis stalled past node_timeout"),
+    "burst": Spec(reset_a, False, True, "concurrent resumes, then concurrent send_to", burst=True),
+    "redis_stall_12": Spec(
+        stall_redis_for(12.0), True, False, "Redis stalled 12 s (past the socket timeout)"
+    ),
+    "redis_stall_30": Spec(stall_redis_for(30.0), True, False, "Redis stalled 30 s"),
+    "restart_burst": Spec(
+        restart_redis_then_resume_all,
+        False,
+        True,
+        "Redis restarted, then every session resumed at once and one send_to to each",
+        burst=True,
+    ),
+    "relay_stall": Spec(
+        stall_the_path_to_redis,
+        True,
+        False,
+        "the path to Redis forwards nothing for 15 s, closing nothing",
+        via_relay=True,
+    ),
+    "node_pause": Spec(pause_a, False, True, "node A paused (SIGSTOP) 15 s, then continued"),
+    "redis_oom": Spec(redis_out_of_memory, True, False, "Redis out of memory (noeviction) 4 s"),
+    "client_kill": Spec(
+        kill_redis_clients, True, False, "Redis kills every node connection (CLIENT KILL)"
+    ),
+    "flood": Spec(
+        flood_with_slow_redis, True, False, "publish flood through the API, Redis slow 3 s"
+    ),
 }
 
 
 async def scenario(name: str, scale: Scale) -> Tally:
-    fault, split, reconnects, _ = SCENARIOS[name]
-    return await run(name, fault, scale, split=split, reconnects=reconnects)
+    spec = SCENARIOS[name]
+    return await run(
+        name,
+        spec.fault,
+        scale,
+        split=spec.split,
+        reconnects=spec.reconnects,
+        via_relay=spec.via_relay,
+        burst=spec.burst,
+    )
 
 
 def raise_nofile() -> None:

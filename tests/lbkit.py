@@ -17,6 +17,11 @@ and drops it, forwarding nothing in either direction, and closes nothing; one si
 not passed on either. Each side learns only by its own timeout (the client's heartbeat, the
 node's silent-connection check), as when a NAT entry or a route disappears. A blackholed
 connection ends when both sides have closed it, or at ``cut()``/``reset()``/exit.
+
+``hold()`` stops forwarding on every connection, open or new, both ways, without reading or
+dropping anything; ``release()`` lets it all through: a path that stalls (a switch buffering,
+a VM migrating) and comes back. A side that gives up meanwhile has its close passed on after
+the release, behind what it had sent.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class Balancer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._dead: set[asyncio.StreamWriter] = set()  # blackholed: read and dropped
         self._handlers: set[asyncio.Task[object]] = set()  # one a connection, awaited at exit
+        self._flowing = asyncio.Event()  # cleared by hold(): nothing read, nothing forwarded
+        self._flowing.set()
 
     @property
     def base(self) -> str:
@@ -72,6 +79,14 @@ class Balancer:
         before = len(self._dead)
         self._dead.update(self._open)
         return (len(self._dead) - before) // 2
+
+    def hold(self) -> None:
+        """Stop forwarding on every connection, both ways, reading nothing and closing nothing,
+        until ``release()``."""
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         me = asyncio.current_task()
@@ -107,7 +122,12 @@ class Balancer:
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            while data := await src.read(65536):
+            while True:
+                await self._flowing.wait()
+                data = await src.read(65536)
+                await self._flowing.wait()  # read as a hold began (data or the end): after it
+                if not data:
+                    break
                 if dst in self._dead:
                     continue  # the path is dead: what was sent is lost on the way
                 dst.write(data)

@@ -99,3 +99,83 @@ async def test_200_concurrent_resumes_and_200_concurrent_send_to_all_succeed() -
     exercised(t)
     assert t.burst_sends == 200, report(t)
     assert t.problems() == [], report(t)
+
+
+# ------------------------------------------------------------- past the common faults (issue 35)
+
+
+def no_freeze(t: Tally) -> None:
+    """Every node answered a request within ``FROZEN_S`` all along (a loop that spins without
+    awaiting after a long stall froze one for good, on redis-py 8)."""
+    assert t.frozen == 0, report(t)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("seconds", [12, 30])
+async def test_a_redis_stall_past_the_socket_timeout_freezes_no_node_and_loses_nothing(
+    seconds: int,
+) -> None:
+    """Redis answers nobody for 12 s and 30 s (past the nodes' 5 s socket timeout, so every
+    command in flight fails and every connection made meanwhile hangs in its handshake): no
+    node freezes, nothing accepted is lost or doubled, publishing comes back."""
+    t = await scenario(f"redis_stall_{seconds}", Scale(clients=30, after_s=seconds + 4.0))
+    exercised(t)
+    no_freeze(t)
+    assert t.problems() == [], report(t)
+
+
+@pytest.mark.timeout(150)
+async def test_a_redis_restart_then_200_resumes_and_200_send_to_at_once_all_succeed() -> None:
+    """Redis away 3 s, then every one of 200 sessions resumes through the other node at once,
+    then one ``send_to`` to each at once: the pools came back whole from the outage, so every
+    resume succeeds and every send is delivered (no "Too many connections", no PoolBusy)."""
+    raise_nofile()
+    t = await scenario("restart_burst", Scale(clients=200, sends_per_tick=20, items_per_tick=2))
+    exercised(t)
+    no_freeze(t)
+    assert t.burst_sends == 200, report(t)
+    assert t.problems() == [], report(t)
+    assert t.new_sessions == 0, report(t)
+
+
+@pytest.mark.timeout(150)
+async def test_a_path_to_redis_that_forwards_nothing_for_15_s_loses_nothing() -> None:
+    """The TCP path between the nodes and Redis stops forwarding for 15 s without closing
+    anything (a stalled switch), then carries on: the nodes time out, reconnect once it
+    forwards again, and nothing accepted is lost or doubled."""
+    t = await scenario("relay_stall", Scale(clients=30, after_s=19.0))
+    exercised(t)
+    no_freeze(t)
+    assert t.problems() == [], report(t)
+
+
+async def test_redis_out_of_memory_refuses_writes_truly_and_loses_nothing() -> None:
+    """Redis refuses every write for 4 s (``maxmemory``, ``noeviction``): publishes, sends and
+    items are refused meanwhile saying so, and nothing accepted is lost or doubled."""
+    t = await scenario("redis_oom", Scale(clients=30, after_s=7.0))
+    exercised(t)
+    no_freeze(t)
+    assert t.problems() == [], report(t)
+    assert t.publishes_refused > 0, report(t)  # the fault was felt, and refused truly
+
+
+async def test_redis_killing_every_node_connection_loses_nothing() -> None:
+    """``CLIENT KILL`` of every normal and pub/sub connection, twice: the nodes reconnect,
+    subscribe again and read what they missed; nothing lost or doubled."""
+    t = await scenario("client_kill", Scale(clients=30, after_s=5.0))
+    exercised(t)
+    no_freeze(t)
+    assert t.problems() == [], report(t)
+
+
+@pytest.mark.timeout(150)
+async def test_a_publish_flood_never_passes_the_outbox_nor_starves_the_apps_publishes() -> None:
+    """Four publishers flood node B's API (500 messages a request, as fast as answered) for
+    8 s while Redis stands still for 3 s: the outbox never holds more than its bound, every
+    message the API accepted is numbered, and none of the application's own publishes is
+    refused for the outbox (its share)."""
+    t = await scenario("flood", Scale(clients=20, after_s=10.0))
+    exercised(t)
+    no_freeze(t)
+    assert t.flood_accepted > 0, report(t)
+    assert t.problems() == [], report(t)

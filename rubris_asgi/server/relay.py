@@ -25,6 +25,11 @@ two (``NodeLink.ask``):
 
 If the home node dies, the entry's next request fails at once (``NodeGone``) and it closes the
 connection (1012): the client reconnects and, its session gone with its node, starts a new one.
+A ``ws.open`` that fails for another reason (Redis unreachable, no free connection to it, the
+home not answering in time: it may be alive, stalled or paused) opens nothing: the entry closes
+the connection with 1013 (try again later) and the client, keeping its session, resumes at its
+next attempt (``HomeUnreachable``). A new session there would abandon the one the home still
+holds, and with it the private messages it was sent meanwhile.
 """
 
 from __future__ import annotations
@@ -58,6 +63,11 @@ ASK_TIMEOUT = 10.0
 """Seconds a request between the two nodes may take (a frame's write has its own bound)."""
 FAILED = (NodeGone, BrokerUnavailable, asyncio.TimeoutError, RuntimeError)
 """What a request to the other node raises when it cannot be done."""
+
+
+class HomeUnreachable(Exception):
+    """The session's node could not be asked to resume it now, and may well hold it still:
+    the connection is closed with 1013 so the client tries again, its session kept."""
 
 
 class Relays:
@@ -100,13 +110,16 @@ class Relays:
 
     async def carry(self, ws: WebSocket, node: str, frame: bytes, owner_tag: str) -> bool:
         """Carry ``ws`` for the session its HELLO (``frame``) resumes on ``node``. False when
-        that node does not hold it (nothing was sent on ``ws``): the caller opens a session."""
+        that node does not hold it, or is gone (nothing was sent on ``ws``): the caller opens a
+        session. Raises ``HomeUnreachable`` when it could not be asked (nothing sent either)."""
         conn = f"{self.nodes.node}:{next(self._ids)}"
         head = {"key": owner_tag, "via": self.nodes.node, "conn": conn}
         try:
             reply, welcome = await self.nodes.ask(node, OPEN, head, frame, ASK_TIMEOUT)
-        except FAILED:
+        except NodeGone:
             return False
+        except FAILED as exc:
+            raise HomeUnreachable(f"the session's node cannot be reached now: {exc}") from exc
         if reply.get("status") != 200:
             return False
         relay = Relay(self, ws, node, conn, str(reply["sid"]))

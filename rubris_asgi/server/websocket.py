@@ -33,7 +33,7 @@ from ..errors import ErrorCode, ProtocolError
 from ..protocol import SUBPROTOCOL, Goodbye, encode
 from .direct import DirectSocket, Outbox, direct_socket
 from .gateway import CLOSE_CODES, Gateway, resumed_id
-from .relay import Relays
+from .relay import HomeUnreachable, Relays
 
 log = logging.getLogger("rubris_asgi")
 
@@ -324,6 +324,8 @@ class WebSocketConnection:
                         break
         except (WebSocketDisconnect, asyncio.TimeoutError):
             pass
+        except HomeUnreachable as exc:  # no session here: the client tries again, resuming
+            await self._close_socket(1013, f"try again later: {exc}")
         except ProtocolError as exc:
             refused = True  # GOODBYE ends the session: it is not left waiting for a resume
             await self._goodbye(exc.code, str(exc))

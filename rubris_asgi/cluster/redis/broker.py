@@ -450,21 +450,26 @@ class RedisBroker(Broker):
         task.add_done_callback(self._side.discard)
 
     async def _repair(self, f: _Follow) -> None:
-        try:
-            await self._catch_up_patiently([f])
-        except RETRIED as exc:
-            log.warning("cannot read %s's history (%s): the reconnection will", f.topic.name, exc)
+        await self._catch_up_patiently([f])
 
     async def _catch_up_patiently(self, follows: Sequence[_Follow]) -> None:
-        """``_catch_up``, again as long as it only waited for a free connection: a follow
-        left joining would hold what it hears until the next reconnection."""
+        """``_catch_up`` until it succeeds, for the follows still current: one left joining
+        holds what it hears for good. Redis failing the read while the subscriber connection
+        lives on (a stall past the socket timeout: the reader sees no error, so no
+        reconnection would ever catch these up) is retried after a pause, as any call."""
+        delay = RETRY[0]
         while follows:
             try:
                 await self._catch_up(follows)
                 return
             except PoolBusy:
                 await asyncio.sleep(RETRY[0])  # never round again without awaiting
-                follows = [f for f in follows if self._following.get(f.topic.name) is f]
+            except RETRIED as exc:
+                end_if_cancelled()
+                self.reach.lost("reader", exc)
+                await self.reach.pause(delay)
+                delay = min(2 * delay, RETRY[1])
+            follows = [f for f in follows if self._following.get(f.topic.name) is f]
 
     async def _open_pubsub(self) -> Any:
         assert self._redis is not None

@@ -49,6 +49,19 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 from tests.faultkit import SCENARIOS, Scale, Tally, raise_nofile, scenario  # noqa: E402
 
+AFTER_S = {
+    "blackhole": 7.0,
+    "redis_stall": 7.0,
+    "redis_stall_12": 16.0,
+    "redis_stall_30": 34.0,
+    "relay_stall": 19.0,
+    "node_pause": 19.0,
+    "redis_oom": 7.0,
+    "client_kill": 5.0,
+    "flood": 10.0,
+}
+"""Seconds of load after the fault strikes: past its own length, with a few more."""
+
 COLUMNS: list[tuple[str, str]] = [
     ("ring_expected", "ring seqs"),
     ("ring_gapped", "gap"),
@@ -141,7 +154,7 @@ async def amain(args: argparse.Namespace) -> list[Tally]:
             items_per_tick=args.items,
             work_s=0.2,
             before_s=2.0,
-            after_s=7.0 if name in ("blackhole", "redis_stall") else 4.0,
+            after_s=AFTER_S.get(name, 4.0),
             inflight_s=15.0,
         )
         print(f"--- {name}: {SCENARIOS[name].description} ({args.clients} sessions)", flush=True)
@@ -170,14 +183,21 @@ def main() -> None:
     print(f"done in {time.monotonic() - started:.0f} s", flush=True)
     resumed = sum(t.resumed for t in tallies)
     expected = sum(t.resumes_expected for t in tallies)
+    long_stalls = [t for t in tallies if t.name in ("redis_stall_12", "redis_stall_30")]
     print(
-        f"silent_ring_loss={sum(t.silent_ring_loss + t.ring_unnumbered for t in tallies)} "
+        f"silent_ring_loss={sum(t.silent_ring_loss for t in tallies)} "
         f"private_lost={sum(t.private_lost for t in tallies)} "
         f"private_doubled={sum(t.private_doubled for t in tallies)} "
-        f"queue_lost={sum(t.queue_lost for t in tallies)} "
+        f"queue_lost={sum(t.queue_lost + t.queue_left for t in tallies)} "
         f"queue_doubled={sum(t.queue_doubled for t in tallies)} "
+        f"queue_unmarked={sum(t.queue_unmarked for t in tallies)} "
         f"false_refusals={sum(t.false_refusals for t in tallies)} "
-        f"resumed={resumed}/{expected}",
+        f"accepted_lost={sum(t.ring_unnumbered + t.flood_unnumbered for t in tallies)} "
+        f"resumed={resumed}/{expected} "
+        f"stall_long_frozen={sum(t.frozen for t in long_stalls)} "
+        f"frozen={sum(t.frozen for t in tallies)} "
+        f"outbox_over_limit={sum(t.outbox_over_limit for t in tallies)} "
+        f"own_refused={sum(t.own_refused for t in tallies)}",
         flush=True,
     )
 

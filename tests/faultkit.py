@@ -322,10 +322,13 @@ class Probe:
                 if node.killed or node.paused:
                     answered = now
                     continue
+                ok = False
                 with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(node.base + "/fault/ping")).status_code == 200:
-                        answered = loop.time()
-                self.longest[i] = max(self.longest[i], loop.time() - answered)
+                    ok = (await http.get(node.base + "/fault/ping")).status_code == 200
+                now = loop.time()
+                self.longest[i] = max(self.longest[i], now - answered)  # since the last answer
+                if ok:
+                    answered = now
 
     @property
     def frozen(self) -> int:

@@ -179,3 +179,21 @@ async def test_a_publish_flood_never_passes_the_outbox_nor_starves_the_apps_publ
     no_freeze(t)
     assert t.flood_accepted > 0, report(t)
     assert t.problems() == [], report(t)
+
+
+@pytest.mark.timeout(150)
+async def test_a_node_paused_past_node_timeout_resumes_its_sessions_and_owns_no_stale_item() -> (
+    None
+):
+    """Node A stopped (SIGSTOP) for 15 s with its clients and their work items, then continued:
+    meanwhile its clients reconnect through B, which cannot reach A and closes with 1013 (the
+    sessions kept, not replaced), and B takes A for dead and gives its items back (attempt 2).
+    Once A runs again every session resumes there, and A, told by its heartbeat that it was
+    taken for dead, revokes what its consumers held: nothing lost, every second run marked.
+    The load's ring rate (10 a second) keeps the 15 s within the ring (256): no GAP needed."""
+    t = await scenario("node_pause", Scale(clients=30, tick=0.1, after_s=19.0))
+    exercised(t)
+    no_freeze(t)
+    assert t.problems() == [], report(t)
+    assert t.resumed == t.resumes_expected == 30 and t.new_sessions == 0, report(t)
+    assert t.ring_gapped == 0, report(t)

@@ -178,6 +178,42 @@ async def test_a_node_that_stops_gives_its_items_back_at_once(url: str) -> None:
     assert await leftovers(url, "jobs.stop") == (0, 0)
 
 
+async def test_a_node_taken_for_dead_and_back_revokes_what_it_no_longer_owns(url: str) -> None:
+    """Node A misses its heartbeats past ``node_timeout`` (as when paused) while its consumer
+    holds 4 items, one started: B gives them back to the queue, attempt 2. When A beats again
+    it learns it was taken for dead: it REVOKEs the 4 deliveries (the client drops the 3 it had
+    not started; the started one's ACK is ignored) and deals none of them again itself."""
+    async with nodes(url) as [(a, url_a), (b, url_b)]:
+        async with Client(url_a, reconnect=False) as ca, Client(url_b) as cb:
+            held = await ca.consume("jobs.paused", prefetch=4)
+            for i in range(4):
+                b.enqueue("jobs.paused", i)
+            await until(lambda: held.stats.received == 4, "4 items in hand on A")
+            started = await held.get(timeout=5)
+            broker = a.broker
+            assert isinstance(broker, RedisBroker)
+            beat = broker.queues._tasks[2]
+            assert beat.get_name() == "rubris-queues-beat"
+            beat.cancel()  # A beats no more: the others take it for dead after node_timeout
+            k = await cb.consume("jobs.paused", prefetch=10)
+            back = [await k.get(timeout=10) for _ in range(4)]
+            assert sorted(i.value for i in back) == [0, 1, 2, 3]
+            assert [i.attempt for i in back] == [2, 2, 2, 2]
+            assert a.stats().broker.forfeits == 0
+            broker.queues._tasks[2] = asyncio.create_task(broker.queues._beat_loop())
+            await until(lambda: a.stats().broker.forfeits == 1, "A learns it was taken for dead")
+            await until(lambda: held.stats.revoked == 3, "the 3 not started revoked")
+            started.ack()  # finished all the same: ignored, A holds it no more
+            for i in back:
+                i.ack()
+            await until(lambda: b.queue_stats("jobs.paused").acked == 4, "acked on B")
+            await asyncio.sleep(0.3)
+            assert a.queue_stats("jobs.paused").acked == 0
+            with pytest.raises(asyncio.TimeoutError):
+                await held.get(timeout=0.5)  # A deals none of them again
+    assert await leftovers(url, "jobs.paused") == (0, 0)
+
+
 async def test_a_dead_nodes_items_come_back_after_its_heartbeat_lapses(url: str) -> None:
     async with nodes(url) as [(a, url_a), (b, url_b)]:
         async with Client(url_a, reconnect=False) as ca, Client(url_b) as cb:

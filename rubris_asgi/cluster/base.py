@@ -80,6 +80,10 @@ class BrokerStats:
     """Queue items taken from the broker for this node's consumers."""
     items_reclaimed: int = 0
     """Queue items of dead nodes this node gave back to their queues."""
+    forfeits: int = 0
+    """Times this node found the others had taken it for dead (paused or cut off past
+    ``node_timeout``): the queue items it held were theirs to give back, and its consumers'
+    deliveries were revoked."""
 
 
 class Broker:

@@ -65,6 +65,10 @@ class EngineEvents(Protocol):
     def restart_topic(self, t: SharedTopic, epoch: int) -> None:
         """The broker numbers ``t`` afresh as ``epoch``: forget what it held."""
 
+    def forfeit(self, q: QueueTopic) -> None:
+        """This node holds no item of ``q`` any more (taken for dead by the others, who gave
+        them back): drop what waits to be dealt, take back what its consumers hold."""
+
     def room_made(self) -> None:
         """The relay, which raised ``Backlogged`` since, has room again: the intake moves on."""
 

@@ -604,4 +604,5 @@ class RedisBroker(Broker):
         c.items_pending = self.queues.pending
         c.items_taken = self.queues.taken
         c.items_reclaimed = self.queues.reclaimed
+        c.forfeits = self.queues.forfeited
         return c

@@ -156,6 +156,9 @@ class RedisQueues:
         """Items taken from Redis for this node's consumers."""
         self.reclaimed = 0
         """Items of dead nodes this node gave back to their queues."""
+        self.forfeited = 0
+        """Times this node found itself taken for dead by the others (its items given back)."""
+        self._events: EngineEvents | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._started = False
         self._views: dict[str, _View] = {}
@@ -184,6 +187,7 @@ class RedisQueues:
         for name in ("ENQUEUE", "TAKE", "SETTLE", "BEAT", "AUDIT"):
             self._scripts[name] = redis.register_script(getattr(scripts, name))
         self._clock = events.clock
+        self._events = events
         try:  # this node in the table of live nodes, and a first look for dead ones
             await self._scripts["BEAT"](
                 args=[self.prefix, self.node, self.lapse_ms, "0", self.pause_ms]
@@ -509,6 +513,24 @@ class RedisQueues:
             self._lengths(answer, 1)
         self.want(v.q)
 
+    def _taken_for_dead(self) -> None:
+        """This node was missing from the nodes' table when it beat: another took it for
+        dead (it was paused, or cut off from Redis, past ``node_timeout``) and gave every item
+        in its custody back to the queues. None of them is this node's to deal or settle any
+        more (``EngineEvents.forfeit``)."""
+        events = self._events
+        if events is None:
+            return
+        log.warning(
+            "this node was taken for dead by the others (silent past node_timeout): the queue "
+            "items it held were given back; its consumers' deliveries are revoked"
+        )
+        self.forfeited += 1
+        for v in self._views.values():
+            if v.q.home is self:
+                events.forfeit(v.q)
+                self.want(v.q)
+
     async def _beat_loop(self) -> None:
         redis = self.broker.redis
         while True:
@@ -522,7 +544,9 @@ class RedisQueues:
                 if int(answer[0]):
                     self.reclaimed += int(answer[0])
                     log.warning("%d queue items of dead nodes given back", int(answer[0]))
-                self._lengths(answer, 1)
+                if int(answer[1]):
+                    self._taken_for_dead()
+                self._lengths(answer, 2)
                 views = list(self._views.values())
                 for v in views:
                     acked = v.q.stats.acked

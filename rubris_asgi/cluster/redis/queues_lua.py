@@ -180,9 +180,10 @@ BEAT = (
 local P, node, lapse, leaving = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
 local pause = tonumber(ARGV[5] or '0')
 local nodes = P .. 'nodes'
-local gone, bump = {node}, 0
+local gone, bump, lost = {node}, 0, 0
 if not leaving then
-  redis.call('ZADD', nodes, now, node)
+  -- a node not in the table any more was taken for dead: what it held is given back
+  lost = redis.call('ZADD', nodes, now, node)
   local last = tonumber(redis.call('GET', P .. 'beat') or '0')
   redis.call('SET', P .. 'beat', now)
   if pause > 0 and last > 0 and now - last > pause then
@@ -223,6 +224,7 @@ for _, d in ipairs(gone) do
   redis.call('ZREM', nodes, d)
 end
 out[1] = moved
+out[2] = lost
 tell(P, touched, out)
 return out
 """
@@ -236,7 +238,9 @@ reclaimed by the first other node to beat). Else every node silent for longer is
 dead and the items it held go back to the head of their queues, one more failure and one more
 delivery each (their consumers were lost, perhaps after starting them: the next consumer sees
 an attempt above 1, a redelivery). A node that leaves gives back what it still holds as it
-is. Answers how many items moved, then ``name, length:version`` for each queue that grew."""
+is. Answers how many items moved, 1 if this node was not in the table (taken for dead by
+another, which gave back what it held; or its first beat), then ``name, length:version`` for
+each queue that grew."""
 
 AUDIT = (
     _TELL

@@ -209,6 +209,21 @@ class QueueSub(Sub):
             self.codel.reset()
         return n
 
+    def forfeit(self) -> tuple[int, ...]:
+        """Drop every item held, none given back: they are no longer this node's (the other
+        nodes took it for dead and gave them back to the queue for anyone). Returns the
+        outstanding tags, for the REVOKE the caller sends; an ACK of one of them is then
+        accepted and ignored (protocol.md section 5: a tag no longer outstanding)."""
+        tags = tuple(self.outstanding)
+        self.outstanding.clear()
+        self.lane.clear()
+        self.revoked.clear()
+        self.ceiling = 0
+        self.acked_since = False
+        if self.codel is not None:
+            self.codel.reset()
+        return tags
+
     def tick(self, now: float) -> int:
         """Server-side CoDel and the round-trip probe; returns the tag revoked, or 0."""
         est = self.estimator

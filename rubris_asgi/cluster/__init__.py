@@ -96,6 +96,8 @@ def cluster_from(spec: Broker | str | None) -> Cluster:
                 pool_timeout=broker.pool_timeout,
                 allow_volatile=broker.allow_volatile,
                 check_at_start=False,
+                wait_replicas=broker.replicas.count,
+                wait_timeout=broker.replicas.timeout_ms / 1000,
             )
     return Cluster(broker, broker.nodes, store)
 

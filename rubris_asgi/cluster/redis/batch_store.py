@@ -67,7 +67,8 @@ from ...batches.store import BatchStore
 from ...batches.tracker import BatchStatus, State
 from ...errors import BadCount, BatchExists, BatchSealed, ItemOutOfRange, UnknownBatch
 from .persistence import Persistence, read_persistence, require_durable
-from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, check_pool, connect
+from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, check_pool, connect, redacted
+from .replicas import Replicas
 
 _U64_MAX = (1 << 64) - 1
 _PAIR = operator.attrgetter("group", "index")
@@ -363,6 +364,8 @@ class RedisBatchStore(BatchStore):
         pool_timeout: float = POOL_TIMEOUT,
         allow_volatile: bool = False,
         check_at_start: bool = True,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None:
         check_pool(max_connections, pool_timeout)
         self.url = url
@@ -371,6 +374,8 @@ class RedisBatchStore(BatchStore):
         self.pool_timeout = pool_timeout
         self.allow_volatile = allow_volatile
         self.check_at_start = check_at_start
+        self.replicas = Replicas(wait_replicas, wait_timeout, f"{prefix}wait")
+        """Replicas that confirm every write of a batch before it counts (replicas.py)."""
         self.persistence: Persistence | None = None
         """What Redis said of its persistence at start."""
         self._warned: set[str] = set()
@@ -416,13 +421,19 @@ class RedisBatchStore(BatchStore):
 
     def _durable(self) -> None:
         assert self.persistence is not None
-        where = self.url if self._owns_client else "the client's"
+        where = redacted(self.url) if self._owns_client else "the client's"
         require_durable(self.persistence, "batches", self.allow_volatile, where, self._warned)
 
     async def _script(self, name: str) -> AsyncScript:
         if not self._scripts:
             await self.start()
         return self._scripts[name]
+
+    async def _write(self, name: str, *, keys: list[Any], args: list[Any]) -> Any:
+        """The script ``name``, a write: confirmed by ``wait_replicas`` replicas (replicas.py)
+        before its answer counts."""
+        script = await self._script(name)
+        return await self.replicas.run(await self._redis(), script, keys=keys, args=args)
 
     async def _redis(self) -> aioredis.Redis:
         if self._client is None:
@@ -433,11 +444,13 @@ class RedisBatchStore(BatchStore):
     # the operations
 
     async def open(self, batch: str, now: float) -> BatchStatus:
-        script = await self._script("open")
         if not self.check_at_start:
+            await self._redis()
             self._durable()  # the first batch: refused, or warned about once
-        created = await script(
-            keys=[self._record_key(batch), *self._sets, self._seq_key], args=[batch, _num(now)]
+        created = await self._write(
+            "open",
+            keys=[self._record_key(batch), *self._sets, self._seq_key],
+            args=[batch, _num(now)],
         )
         if not created:
             raise BatchExists(f"batch {batch} exists already")
@@ -445,8 +458,8 @@ class RedisBatchStore(BatchStore):
 
     async def add(self, batch: str, count: int, now: float) -> int:
         limits = self.config
-        script = await self._script("add")
-        reply = await script(
+        reply = await self._write(
+            "add",
             keys=[self._record_key(batch), self._open_key],
             args=[batch, count, _num(now), limits.max_items, limits.max_groups],
         )
@@ -468,8 +481,9 @@ class RedisBatchStore(BatchStore):
         raise BadCount(f"batch {batch} has {int(reply[1])} groups, the maximum")
 
     async def seal(self, batch: str, now: float) -> BatchStatus:
-        script = await self._script("seal")
-        reply = await script(keys=[self._record_key(batch), *self._sets], args=[batch, _num(now)])
+        reply = await self._write(
+            "seal", keys=[self._record_key(batch), *self._sets], args=[batch, _num(now)]
+        )
         if len(reply) == 1:
             raise UnknownBatch(f"unknown batch {batch!r}")
         return _status(reply)
@@ -490,7 +504,6 @@ class RedisBatchStore(BatchStore):
         self, items: Sequence[ItemRef], now: float, mode: str
     ) -> tuple[list[str], list[Any]]:
         """Run the end script over ``items``; raises for the first item at fault."""
-        script = await self._script("end")
         batches = list(dict.fromkeys(map(_BATCH, items)))
         keys = list(self._sets)
         args: list[str | bytes] = [_num(now), mode]
@@ -504,7 +517,10 @@ class RedisBatchStore(BatchStore):
             for batch, refs in per.items():
                 keys.append(self._record_key(batch))
                 args += (batch, _pack(refs))
-        reply: list[Any] = await script(keys=keys, args=args)
+        if mode == "check":  # reads only
+            reply: list[Any] = await (await self._script("end"))(keys=keys, args=args)
+        else:
+            reply = await self._write("end", keys=keys, args=args)
         if reply and not isinstance(reply[0], list):
             _raise_first(items, batches, reply[1])
         return batches, reply

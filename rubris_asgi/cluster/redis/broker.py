@@ -54,15 +54,17 @@ from ...engine.intake import Backlogged
 from ...engine.membership import EngineEvents, Membership, Relayed
 from ...engine.topics import RING, SharedTopic, new_epoch
 from ...errors import BrokerUnavailable
+from ...protocol import push_message
 from ..base import Broker, BrokerStats
 from ..nodes import SESSION_MARK
 from . import broker_lua
 from .nodes import DOWN, RETRIED, RedisNodeLink
 from .outbox import Entry, Outbox
 from .persistence import Persistence, read_persistence, require_durable
-from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, PoolBusy, check_pool, connect
+from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, PoolBusy, check_pool, connect, redacted
 from .queues import RedisQueues
 from .reach import RETRY, Reach, end_if_cancelled
+from .replicas import Replicas
 
 log = logging.getLogger("rubris_asgi.broker")
 
@@ -110,6 +112,11 @@ class RedisBroker(Broker):
         pool_timeout: seconds a command waits for a free connection before it is refused
             with ``PoolBusy`` (a ``BrokerUnavailable`` that names the local limit; Redis is not
             taken for away). The node's own work (the outbox, the queues) waits on.
+        wait_replicas: how many replicas must confirm each write of work items, their
+            settling and batch acks (Redis ``WAIT``) before it counts as done: 0 (the default)
+            takes Redis's word, and a failover can lose what the old master had not passed on;
+            1 or more loses none of it, at a round trip to a replica per batch (replicas.py).
+        wait_timeout: seconds each ``WAIT`` waits for them before it is tried again.
         allow_volatile: keep work-queue items in a Redis that would lose them on a restart
             (no ``appendonly yes``, or its settings unreadable), saying so in a WARNING; by
             default such a Redis is refused (``RedisNotDurable``) where an item would be
@@ -133,6 +140,8 @@ class RedisBroker(Broker):
         max_connections: int = MAX_CONNECTIONS,
         pool_timeout: float = POOL_TIMEOUT,
         allow_volatile: bool = False,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None:
         super().__init__()
         check_pool(max_connections, pool_timeout)
@@ -149,13 +158,17 @@ class RedisBroker(Broker):
         self.max_connections = max_connections
         self.pool_timeout = pool_timeout
         self.allow_volatile = allow_volatile
+        self.replicas = Replicas(wait_replicas, wait_timeout, prefix + "wait")
+        """Replicas that confirm each write of items and batches (replicas.py)."""
         self.persistence: Persistence | None = None
         """What Redis said of its persistence at start."""
         self._holds: set[str] = set()
         self._warned: set[str] = set()
         self._channel = (prefix + "c:").encode()
         self.node = secrets.token_hex(6)
-        self.nodes = self.link = RedisNodeLink(prefix, self.node, lambda: self.redis)
+        self.nodes = self.link = RedisNodeLink(
+            prefix, self.node, lambda: self.redis, lambda: self.unavailable()
+        )
         self._events: EngineEvents | None = None
         self._redis: aioredis.Redis | None = None
         self._pubsub: Any = None
@@ -192,7 +205,7 @@ class RedisBroker(Broker):
         try:
             await asyncio.wait_for(self._redis.ping(), self.connect_timeout)
             self.persistence = p = await read_persistence(self._redis)
-            log.info("Redis at %s: %s", self.url, p.describe())
+            log.info("Redis at %s: %s", redacted(self.url), p.describe())
             if engine.queues:  # queue topics made before the start: their items go to Redis
                 self._holds.add("work-queue items")
             for what in sorted(self._holds):
@@ -200,13 +213,14 @@ class RedisBroker(Broker):
         except (*DOWN, asyncio.TimeoutError) as exc:
             await self._redis.aclose()
             self._redis = None
-            raise BrokerUnavailable(f"cannot reach Redis at {self.url}: {exc}") from exc
+            raise BrokerUnavailable(f"cannot reach Redis at {redacted(self.url)}: {exc}") from exc
         except BaseException:
             await self._redis.aclose()
             self._redis = None
             raise
         self._publish_script = self._redis.register_script(broker_lua.PUBLISH)
         self._history_script = self._redis.register_script(broker_lua.HISTORY)
+        self._renumber_script = self._redis.register_script(broker_lua.RENUMBER)
         self._pubsub = await self._open_pubsub()
         await self.queues.start(engine)
         self._tasks = [
@@ -271,7 +285,7 @@ class RedisBroker(Broker):
         p = self.persistence
         if p is None:
             raise BrokerUnavailable("the broker is not started")
-        require_durable(p, what, self.allow_volatile, self.url, self._warned)
+        require_durable(p, what, self.allow_volatile, redacted(self.url), self._warned)
 
     # publishing
 
@@ -395,6 +409,9 @@ class RedisBroker(Broker):
             if epoch != t.epoch or seq <= t.seq:
                 # read from the history already, or of an epoch the history has left behind
                 # (one newer than the history's is very unlikely; its next message repairs it)
+                if epoch == t.epoch and self._renumbered(t, seq, payload, compressed):
+                    self.background(self._renumber(f))  # holding on until it is done
+                    return True
                 continue
             if seq != t.seq + 1 and t.mode == RING:
                 held.appendleft((epoch, seq, payload, compressed))
@@ -423,8 +440,12 @@ class RedisBroker(Broker):
             return
         t = f.topic
         if epoch == t.epoch:
-            if seq <= t.seq:
-                return  # read from the history already
+            if seq <= t.seq:  # read from the history already, unless Redis lost and renumbered
+                if self._renumbered(t, seq, payload, compressed):
+                    f.state = _JOINING  # what comes meanwhile waits for the new epoch
+                    f.held.append((epoch, seq, payload, compressed))
+                    self.background(self._renumber(f))
+                return
             if seq == t.seq + 1 or t.mode != RING:
                 self._store(t, seq, payload, compressed)
                 return
@@ -436,6 +457,49 @@ class RedisBroker(Broker):
         f.held.append((epoch, seq, payload, compressed))
         f.state = _JOINING
         self.background(self._repair(f))
+
+    @staticmethod
+    def _renumbered(t: SharedTopic, seq: int, payload: bytes, compressed: bool) -> bool:
+        """A message of ``t``'s epoch at or below its head: the same bytes as held under that
+        seq (read from the history too: nothing to do), or others. Others mean Redis numbered
+        them again, having lost what it had numbered (a failover to a replica that had not
+        received the tail): they would be dropped here as known, silently. Only what the
+        topic still holds can be compared (a ring's last messages, a snapshot's head)."""
+        if t.mode == RING:
+            if seq < t.oldest:
+                return False
+            held = t.ring[seq % t.cap]
+        elif seq == t.seq:
+            held = t.msg
+        else:
+            return False
+        return held != push_message(t.number, seq, payload, compressed)
+
+    async def _renumber(self, f: _Follow) -> None:
+        """``t`` was renumbered under its epoch (``_renumbered``): it starts again under a new
+        one, in Redis (unless another node did it first) and here, so its subscribers are told
+        (UNSUBSCRIBED 11, then ``recovered``=0) instead of missing what Redis lost and what it
+        numbered the same; then its history is read again."""
+        t = f.topic
+        old = t.epoch
+        try:
+            epoch = await self.reach.until_answered(
+                lambda: self._renumber_script(
+                    args=[self.prefix, t.name, str(old), str(new_epoch())]
+                ),
+                "reader",
+            )
+        except Exception:
+            end_if_cancelled()
+            log.exception("cannot renumber %s", t.name)
+            return
+        if self._following.get(t.name) is not f:
+            return
+        log.warning("topic %s: Redis lost messages it had numbered; numbered afresh", t.name)
+        if t.epoch == old:
+            self._restart(t, int(epoch))
+        f.held.clear()
+        await self._catch_up_patiently([f])
 
     def _store(self, t: SharedTopic, seq: int, payload: bytes, compressed: bool) -> None:
         engine = self._events

@@ -79,8 +79,18 @@ for i = 4, #ARGV, 4 do
     redis.call('HSET', h, 'e', epoch, 's', 0)
   end
   redis.call('PEXPIRE', h, ttl)
-  if epoch ~= known then after = 0 end
   local seq = tonumber(redis.call('HGET', h, 's'))
+  if epoch == known and seq < after then
+    -- behind what the caller heard from it: Redis lost the tail it had numbered (a failover
+    -- to a replica that had not received it, a restart that lost unsynced writes); numbering
+    -- on would give those seqs to other messages, so the topic starts again, under ARGV[3]
+    epoch = ARGV[3]
+    seq = 0
+    redis.call('HSET', h, 'e', epoch, 's', 0)
+    redis.call('HDEL', h, 'v')
+    redis.call('DEL', P .. 'r:' .. name)
+  end
+  if epoch ~= known then after = 0 end
   local item = {epoch, seq}
   if seq > after then
     if mode == '2' then
@@ -101,4 +111,23 @@ return res
 node then numbers under it), then per topic: name, mode, the epoch the caller knows and the
 last seq it holds. Answers per topic ``{epoch, seq, entries...}``: what follows the caller's
 seq in its epoch (oldest first, at most the ring), everything held in another epoch; a
-snapshot's latest entry."""
+snapshot's latest entry. A topic whose seq in the caller's epoch is below the caller's has
+lost messages it numbered: it is numbered afresh under the new epoch (the caller restarts it,
+and every other node does at its next message)."""
+
+RENUMBER = """
+local P = ARGV[1]
+local h = P .. 't:' .. ARGV[2]
+local epoch = redis.call('HGET', h, 'e')
+if epoch == ARGV[3] then
+  epoch = ARGV[4]
+  redis.call('HSET', h, 'e', epoch, 's', 0)
+  redis.call('HDEL', h, 'v')
+  redis.call('DEL', P .. 'r:' .. ARGV[2])
+end
+return epoch
+"""
+"""ARGV: prefix, name, the epoch a node found renumbered, a new epoch. A node heard a seq it
+holds with another message under it: Redis lost what it had numbered and numbered new messages
+the same. Unless another node did already (the topic's epoch is no longer that one), the topic
+starts again under the new epoch. Answers the topic's epoch now."""

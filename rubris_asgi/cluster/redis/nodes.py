@@ -58,12 +58,21 @@ RETRIED = (*DOWN, *REFUSING)
 class RedisNodeLink(NodeLink):
     """One node's end: it asks other nodes, and answers what they ask it, through Redis."""
 
-    def __init__(self, prefix: str, node: str, client: Callable[[], Redis]) -> None:
-        """``client()``: the broker's Redis client (once started), whose pool this shares."""
+    def __init__(
+        self,
+        prefix: str,
+        node: str,
+        client: Callable[[], Redis],
+        unavailable: Callable[[], str | None],
+    ) -> None:
+        """``client()``: the broker's Redis client (once started), whose pool this shares;
+        ``unavailable()``: why the broker takes nothing now (Redis away, or refusing writes),
+        or None."""
         super().__init__(node)
         self.prefix = prefix
         self.channel = (prefix + "n:" + node).encode()
         self._client = client
+        self._unavailable = unavailable
         self._handlers: dict[str, Handler] = {}
         self._asks: dict[int, asyncio.Future[tuple[Head, bytes]]] = {}
         self._rids = itertools.count(1)
@@ -113,6 +122,9 @@ class RedisNodeLink(NodeLink):
         undelivered): ``BrokerUnavailable`` when nothing was written (no connection to be had,
         the connection or its health check failed, Redis refused the command), ``MaybeSent``
         once the command may have been written (Redis may have passed it on)."""
+        down = self._unavailable()
+        if down is not None:  # refused at once, as a publish is: not after a wait for a
+            raise BrokerUnavailable(down)  # connection that would end as PoolBusy
         pool: Any = self._client().connection_pool  # a pool.Pool: get_connection untyped
         try:
             conn = await pool.get_connection()  # PoolBusy (nothing sent) when none comes free

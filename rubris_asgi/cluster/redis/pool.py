@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.sentinel import MasterNotFoundError, SentinelConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError
 
 from ...errors import BrokerUnavailable
@@ -30,15 +34,17 @@ class PoolBusy(BrokerUnavailable):
     away (nothing is marked down, nothing retried as an outage); what raises it was not sent."""
 
 
-class Pool(aioredis.ConnectionPool):
-    """redis-py's pool, capped by a semaphore: a command waits for a free connection instead
-    of failing (redis-py 8 raises ``MaxConnectionsError`` past its cap, 100 by default; 5 has
-    none), at most ``timeout`` seconds, then raises ``PoolBusy`` rather than the
-    ``ConnectionError`` that reads as Redis being away.
+class Capped:
+    """A redis-py pool capped by a semaphore (a mixin before the pool's class): a command
+    waits for a free connection instead of failing (redis-py 8 raises ``MaxConnectionsError``
+    past its cap, 100 by default; 5 has none), at most ``timeout`` seconds, then raises
+    ``PoolBusy`` rather than the ``ConnectionError`` that reads as Redis being away.
 
     Not redis-py's ``BlockingConnectionPool``: in redis-py 5.0.8 its waiters miss wake-ups
     under load (seen: 50 commands waiting out their timeout beside 31 free connections), and
     its timeout raises a ``ConnectionError``."""
+
+    max_connections: int
 
     _named = (
         inspect.signature(aioredis.ConnectionPool.get_connection).parameters["command_name"].default
@@ -47,8 +53,8 @@ class Pool(aioredis.ConnectionPool):
     """Whether redis-py's ``get_connection`` needs a command name (before 5.3; later ones warn
     when given one)."""
 
-    def __init__(self, *, timeout: float, max_connections: int, **options: Any) -> None:
-        super().__init__(max_connections=max_connections, **options)
+    def __init__(self, *args: Any, timeout: float, max_connections: int, **options: Any) -> None:
+        super().__init__(*args, max_connections=max_connections, **options)  # type: ignore[call-arg]
         self.timeout = timeout
         self._free = asyncio.Semaphore(max_connections)
         self._lent: set[Any] = set()
@@ -60,12 +66,12 @@ class Pool(aioredis.ConnectionPool):
 
     async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
         await self._take()
-        get = super().get_connection  # untyped in redis-py
+        get = super().get_connection  # type: ignore[misc]  # the pool's, untyped in redis-py
         try:
             if command_name is None and not keys and not options:
-                conn = await (get("_") if self._named else get())  # type: ignore[no-untyped-call]
+                conn = await (get("_") if self._named else get())
             else:
-                conn = await get(command_name, *keys, **options)  # type: ignore[no-untyped-call]
+                conn = await get(command_name, *keys, **options)
         except MaxConnectionsError as exc:  # the semaphore keeps below the cap: not expected
             self._free.release()
             raise self._busy() from exc
@@ -116,7 +122,7 @@ class Pool(aioredis.ConnectionPool):
         lent = connection in self._lent
         self._lent.discard(connection)
         try:
-            await super().release(connection)  # raises for a connection not in use
+            await super().release(connection)  # type: ignore[misc]  # raises if not in use
         finally:
             if lent:
                 self._free.release()
@@ -129,12 +135,183 @@ class Pool(aioredis.ConnectionPool):
         )
 
 
+class Pool(Capped, aioredis.ConnectionPool):
+    """redis-py's pool for one Redis server, capped (``Capped``)."""
+
+
+class SentinelPool(Capped, SentinelConnectionPool):
+    """redis-py's pool for the master a set of Sentinels names, capped (``Capped``): each new
+    connection asks the Sentinels where the master is, so after a failover the next ones
+    reach the promoted replica; one still open to a demoted master fails its next write
+    (``READONLY``, which redis-py turns into a lost connection) and is made again.
+
+    The Sentinels are asked here, one short connection each time (``ask_sentinels``), rather
+    than through redis-py's ``Sentinel`` clients, whose pooled connections a failover could
+    leave open and unreachable (seen: sockets to a Sentinel left to the garbage collector)."""
+
+    def __init__(self, *args: Any, target: SentinelTarget, ask_timeout: float, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.target = target
+        self.ask_timeout = ask_timeout
+        self._closed = False
+
+    async def get_master_address(self) -> Any:
+        if self._closed:  # a connection of a closed client asks no Sentinel
+            raise RedisConnectionError("the client is closed")
+        address = await ask_sentinels(self.target, self.ask_timeout)
+        if self.master_address != address:
+            self.master_address = address
+            # the idle connections go: the next ones reach the new master
+            await self.disconnect(inuse_connections=False)
+        return address
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        if inuse_connections:
+            self._closed = True  # the client closing (a change of master: idle ones only)
+        await super().disconnect(inuse_connections)
+
+
+async def ask_sentinels(target: SentinelTarget, timeout: float) -> tuple[str, int]:
+    """The master's address as the first Sentinel that answers names it (``SENTINEL
+    GET-MASTER-ADDR-BY-NAME``), each asked on a connection of its own, closed after; raises
+    ``MasterNotFoundError`` (a ``ConnectionError``: Redis away) when none does."""
+    failures = []
+    for host, port in target.sentinels:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            failures.append(f"{host}:{port}: {exc!r}")
+            continue
+        try:
+            commands: list[tuple[str, ...]] = []
+            if target.sentinel_password:
+                commands.append(("AUTH", target.sentinel_password))
+            commands.append(("SENTINEL", "GET-MASTER-ADDR-BY-NAME", target.service))
+            writer.write(b"".join(_resp(c) for c in commands))
+            replies = [await asyncio.wait_for(_read(reader), timeout) for _ in commands]
+        except (OSError, asyncio.TimeoutError, ValueError) as exc:
+            failures.append(f"{host}:{port}: {exc!r}")
+            continue
+        finally:
+            writer.close()
+        answer = replies[-1]
+        if isinstance(answer, list) and len(answer) == 2:
+            return answer[0].decode(), int(answer[1])
+        failures.append(f"{host}:{port}: {answer!r}")
+    raise MasterNotFoundError(f"no Sentinel names a master {target.service!r}: {failures}")
+
+
+def _resp(args: tuple[str, ...]) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        data = a.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+async def _read(reader: asyncio.StreamReader) -> Any:
+    """One RESP2 reply: an array, a bulk or simple string, nil (None), or an error (str)."""
+    line = await reader.readline()
+    if not line.endswith(b"\r\n"):
+        raise ValueError("the Sentinel closed the connection")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [await _read(reader) for _ in range(n)]
+    if kind == b"$":
+        n = int(rest)
+        return None if n < 0 else (await reader.readexactly(n + 2))[:-2]
+    if kind in (b"+", b":"):
+        return rest
+    return rest.decode(errors="replace")  # an error
+
+
 def connect(url: str, max_connections: int, pool_timeout: float, **options: Any) -> aioredis.Redis:
     """A client of the Redis at ``url`` on a pool of at most ``max_connections`` (redis-py 5
     has no cap by default, redis-py 8 one of 100 whose overflow raises): a command waits up to
-    ``pool_timeout`` for a free connection, then raises ``PoolBusy``."""
-    pool = Pool.from_url(url, max_connections=max_connections, timeout=pool_timeout, **options)
+    ``pool_timeout`` for a free connection, then raises ``PoolBusy``. ``url`` is
+    ``redis://``, ``rediss://``, ``unix://``, or ``redis+sentinel://`` (``sentinel_url``)."""
+    target = sentinel_url(url)
+    if target is None:
+        pool: Any = Pool.from_url(
+            url, max_connections=max_connections, timeout=pool_timeout, **options
+        )
+    else:
+        pool = SentinelPool(
+            target.service,
+            None,  # redis-py's Sentinel manager: not used (SentinelPool.get_master_address)
+            target=target,
+            ask_timeout=float(options.get("socket_connect_timeout") or 5.0),
+            max_connections=max_connections,
+            timeout=pool_timeout,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            **options,
+        )
     return aioredis.Redis.from_pool(pool)  # closed with the client
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """What a ``redis+sentinel://`` URL names."""
+
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int
+    username: str | None
+    password: str | None
+    sentinel_password: str | None
+
+
+def sentinel_url(url: str) -> SentinelTarget | None:
+    """``redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]`` (Sentinels'
+    port 26379 when none is given; ``?sentinel_password=`` for Sentinels that ask for one):
+    the master the Sentinels name ``SERVICE``, followed through failovers. None for any other
+    URL. Raises ``ValueError`` for a Sentinel URL without Sentinels or service."""
+    parts = urlsplit(url)
+    if parts.scheme != "redis+sentinel":
+        return None
+    netloc = parts.netloc
+    username = password = None
+    if "@" in netloc:
+        auth, _, netloc = netloc.rpartition("@")
+        user, colon, secret = auth.partition(":")
+        username, password = (
+            (unquote(user) or None, unquote(secret) or None)
+            if colon
+            else (
+                None,
+                unquote(user) or None,
+            )
+        )
+    sentinels = []
+    for hostport in filter(None, netloc.split(",")):
+        host, _, port = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
+        sentinels.append((host or hostport, int(port) if port else 26379))
+    path = [p for p in parts.path.split("/") if p]
+    if not sentinels or not path:
+        raise ValueError(
+            f"{url!r}: a Sentinel URL names its Sentinels and the master's service, "
+            "redis+sentinel://host:26379,host2:26379/mymaster[/db]"
+        )
+    query = parse_qs(parts.query)
+    return SentinelTarget(
+        sentinels,
+        unquote(path[0]),
+        int(path[1]) if len(path) > 1 else 0,
+        username,
+        password,
+        query["sentinel_password"][0] if "sentinel_password" in query else None,
+    )
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for logs and errors."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
 
 
 def check_pool(max_connections: int, pool_timeout: float) -> None:

@@ -52,6 +52,7 @@ from . import queues_lua as scripts
 from .nodes import RETRIED
 from .outbox import Outbox
 from .reach import Reach, end_if_cancelled
+from .replicas import Replicas
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -92,6 +93,7 @@ class Carrier(Protocol):
     def redis(self) -> Redis: ...
 
     reach: Reach
+    replicas: Replicas
 
     def require_durable(self, what: str) -> None: ...
 
@@ -355,7 +357,8 @@ class RedisQueues:
     async def _call(self, script: str, args: list[Any]) -> Any:
         """Run a script until Redis answers it (the same arguments: each is idempotent)."""
         return await self.broker.reach.until_answered(
-            lambda: self._scripts[script](args=args), "queues"
+            lambda: self.broker.replicas.run(self.broker.redis, self._scripts[script], args=args),
+            "queues",
         )
 
     def _lengths(self, answer: list[Any], start: int) -> None:

@@ -14,14 +14,27 @@ node B (one publish per ring topic, ``--sends`` ``send_to`` and ``--items`` work
     redis_stall    Redis answers nobody for node_timeout + 1.5 s (DEBUG SLEEP)
     burst          every session of node A resumed via B at once, then one send_to from B to
                    each of them at once
+    redis_stall_12 Redis answers nobody for 12 s, past the nodes' 5 s socket timeout
+    redis_stall_30 the same for 30 s
+    restart_burst  Redis away 3 s, then every session of node A resumed via B at once, then
+                   one send_to to each at once
+    relay_stall    the TCP path between the nodes and Redis forwards nothing for 15 s, closing
+                   nothing, then carries on
+    node_pause     node A stopped (SIGSTOP) 15 s, past node_timeout, then continued
+    redis_oom      maxmemory under noeviction: every write refused (OOM) for 4 s
+    client_kill    Redis kills every connection of the nodes (CLIENT KILL), twice
+    flood          four publishers flood node B's API for 8 s while Redis stands still 3 s
+    failover       (tests/failoverkit.py) a master, two replicas and three Sentinels; one node
+                   on the Sentinels' URL, items and publishes; the master killed (SIGKILL):
+                   once with wait_replicas=1, once with the default 0
 
 The clients are all on node A for the faults of a node or a path, half on each node for the
-faults of Redis. Each scenario takes 30-230 s, all six about 10 minutes (571 s on 3f1f320):
-after the faults that move every client of a node, its sessions are carried through Redis one
-frame at a time and the clients take 90-190 s to catch up (the "settle s" column).
+faults of Redis. Each scenario takes 10-70 s, all of them about 6 minutes on 2 cores (357 s
+for the fourteen before the failover rows); after the faults that move every client of a node,
+its sessions are carried through Redis one frame at a time (the "settle s" column).
 
-    python bench/faults.py                       # all six, 1,000 sessions
-    python bench/faults.py --clients 200 --only reset,kill
+    python bench/faults.py                       # every row, 1,000 sessions
+    python bench/faults.py --clients 200 --only reset,kill,failover
 
 Per scenario, a table row of the counts (ring seqs expected, received, GAPed, lost without a
 GAP, doubled; accepted publishes never numbered; sends ok / refused / unknown, lost, doubled,
@@ -29,11 +42,18 @@ refused yet delivered; work items accepted, lost, run twice, redelivered without
 attempt, left in Redis; clients reconnected, resumed, given new sessions; seconds to reconnect).
 
 Last line, over all scenarios: ``silent_ring_loss=0 private_lost=0 private_doubled=0
-queue_lost=0 queue_doubled=N false_refusals=0 resumed=N/N`` (queue_doubled: work items run
-twice for any reason; resumed: sessions resumed of those whose node lived on when their
-connection was dropped). ``private_gone_with_node`` (messages not yet acknowledged to the
-sessions of the killed node, which the docs name as lost and the client learns of by a new
-session) is printed apart and not in ``private_lost``.
+queue_lost=0 queue_doubled=N queue_unmarked=0 false_refusals=0 accepted_lost=0 resumed=N/N
+stall_long_frozen=0 frozen=0 outbox_over_limit=0 own_refused=0 failover_lost=0 failover_s=S
+failover_default_lost=N failover_default_s=S`` (queue_lost: accepted items never delivered or
+left in Redis; queue_doubled: work items run twice for any reason, queue_unmarked those whose
+second run did not say so by its attempt; accepted_lost: publishes the API accepted that Redis
+never numbered; resumed: sessions resumed of those whose node lived on when their connection
+was dropped; frozen: nodes that answered no request for 10 s; outbox_over_limit: nodes whose
+outbox passed its bound; own_refused: the application's own publishes refused for the outbox
+during the flood; failover_*: items lost and seconds until service was back, with
+wait_replicas=1 and with the default). ``private_gone_with_node`` (messages not yet
+acknowledged to the sessions of the killed node, which the docs name as lost and the client
+learns of by a new session) is printed apart and not in ``private_lost``.
 """
 
 from __future__ import annotations
@@ -47,6 +67,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
+from tests.failoverkit import Failover, measure  # noqa: E402
 from tests.faultkit import SCENARIOS, Scale, Tally, raise_nofile, scenario  # noqa: E402
 
 AFTER_S = {
@@ -142,6 +163,19 @@ def details(t: Tally) -> str:
     return "\n".join(out)
 
 
+async def failovers(args: argparse.Namespace) -> list[Failover]:
+    """The failover rows (tests/failoverkit.py): wait_replicas=1, then the default 0."""
+    if args.only and "failover" not in args.only.split(","):
+        return []
+    out = []
+    for wait in (1, 0):
+        print(f"--- failover: master killed, Sentinels promote a replica (wait_replicas={wait})")
+        f = await measure(wait, items=args.failover_items)
+        print("  " + "\n  ".join(f.notes), flush=True)
+        out.append(f)
+    return out
+
+
 async def amain(args: argparse.Namespace) -> list[Tally]:
     names = [n for n in SCENARIOS if not args.only or n in args.only.split(",")]
     tallies = []
@@ -173,11 +207,13 @@ def main() -> None:
     ap.add_argument("--tick", type=float, default=0.1, help="seconds between load rounds")
     ap.add_argument("--sends", type=int, default=20, help="send_to each round")
     ap.add_argument("--items", type=int, default=4, help="work items each round")
-    ap.add_argument("--only", default="", help="comma-separated scenarios")
+    ap.add_argument("--only", default="", help="comma-separated scenarios ('failover' too)")
+    ap.add_argument("--failover-items", type=int, default=2000, help="work items a failover row")
     args = ap.parse_args()
     raise_nofile()
     started = time.monotonic()
     tallies = asyncio.run(amain(args))
+    fails = asyncio.run(failovers(args))
     print()
     print(table(tallies))
     print(f"done in {time.monotonic() - started:.0f} s", flush=True)
@@ -197,7 +233,12 @@ def main() -> None:
         f"stall_long_frozen={sum(t.frozen for t in long_stalls)} "
         f"frozen={sum(t.frozen for t in tallies)} "
         f"outbox_over_limit={sum(t.outbox_over_limit for t in tallies)} "
-        f"own_refused={sum(t.own_refused for t in tallies)}",
+        f"own_refused={sum(t.own_refused for t in tallies)}"
+        + "".join(
+            f" failover{'' if f.wait_replicas else '_default'}_lost={f.lost}"
+            f" failover{'' if f.wait_replicas else '_default'}_s={f.seconds:.1f}"
+            for f in fails
+        ),
         flush=True,
     )
 

@@ -624,6 +624,7 @@ def count(
     heads: dict[str, int],
     dead_nodes: set[str],
     redis_left: int,
+    replaced: set[str] | None = None,
 ) -> Tally:
     """Count every promise over what the clients received and what the load was told."""
     t = Tally(name, clients=len(watches))
@@ -665,9 +666,10 @@ def count(
         if outcome == "ok":
             t.private_ok += 1
             if got == 0:
-                # a session whose node was killed takes its unacknowledged messages with it,
-                # as documented; its client is told by a new session (resumed=0)
-                if sid.split("~")[0] in dead_nodes:
+                # a session whose node was killed takes its unacknowledged messages with it, as
+                # documented, when its client was given a new session (resumed=0: told); one
+                # that resumed after all must have them
+                if sid.split("~")[0] in dead_nodes and (replaced is None or sid in replaced):
                     t.private_gone_with_node += 1
                 else:
                     t.private_lost += 1
@@ -950,7 +952,8 @@ async def run(
         mark("redis")
         await probe.stop()
         dead = {nid for nid, i in c.homes.items() if c.nodes[i].killed}
-        tally = count(name, c.watches, load, heads, dead, left)
+        replaced = {w.first_sid for w in c.watches if w.client.session_id != w.first_sid}
+        tally = count(name, c.watches, load, heads, dead, left, replaced)
         tally.frozen = probe.frozen
         tally.unanswered_s = max(probe.longest)
         await outbox_count(c, tally)
@@ -972,6 +975,7 @@ async def run(
         # them when the fault drops them, and any other that reconnected for its own reasons
         if not dead:
             tally.resumes_expected = len(c.watches) if reconnects else tally.reconnected
+
         if os.environ.get("RUBRIS_FAULT_DEBUG"):
             tally.notes.extend(await postmortem(c, heads))
             heads2 = {

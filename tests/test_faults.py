@@ -189,8 +189,9 @@ async def test_a_node_paused_past_node_timeout_resumes_its_sessions_and_owns_no_
     meanwhile its clients reconnect through B, which cannot reach A and closes with 1013 (the
     sessions kept, not replaced), and B takes A for dead and gives its items back (attempt 2).
     Once A runs again every session resumes there, and A, told by its heartbeat that it was
-    taken for dead, revokes what its consumers held: nothing lost, every second run marked.
-    The load's ring rate (10 a second) keeps the 15 s within the ring (256): no GAP needed."""
+    taken for dead, revokes what its consumers held and gives back, where it still holds them,
+    the items it had: nothing lost, every second run marked. The load's ring rate (10 a
+    second) keeps the 15 s within the ring (256): no GAP needed."""
     t = await scenario("node_pause", Scale(clients=30, tick=0.1, after_s=19.0))
     exercised(t)
     no_freeze(t)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
-from .queues import QueueHome, QueueTopic
+from .queues import QueueHome, QueueItem, QueueTopic
 from .topics import SharedTopic
 
 
@@ -65,9 +65,9 @@ class EngineEvents(Protocol):
     def restart_topic(self, t: SharedTopic, epoch: int) -> None:
         """The broker numbers ``t`` afresh as ``epoch``: forget what it held."""
 
-    def forfeit(self, q: QueueTopic) -> None:
-        """This node holds no item of ``q`` any more (taken for dead by the others, who gave
-        them back): drop what waits to be dealt, take back what its consumers hold."""
+    def forfeit(self, q: QueueTopic) -> list[QueueItem]:
+        """This node was taken for dead by the others, who gave the items it held back: take
+        back what its consumers hold of ``q`` (REVOKE), and return those items."""
 
     def room_made(self) -> None:
         """The relay, which raised ``Backlogged`` since, has room again: the intake moves on."""

@@ -530,9 +530,17 @@ class RedisQueues:
         )
         self.forfeited += 1
         for v in self._views.values():
-            if v.q.home is self:
-                events.forfeit(v.q)
-                self.want(v.q)
+            q = v.q
+            if q.home is not self:
+                continue
+            back = [*q.ready, *events.forfeit(q)]
+            q.ready = deque()
+            # to the head of the queue where this node still holds them (taken after it came
+            # back); the ones the others gave back are no longer in its custody, and SETTLE
+            # leaves them alone: none is delivered here again with its stale attempt
+            if back:
+                self.settle(q, back, q, True)
+            self.want(q)
 
     async def _beat_loop(self) -> None:
         redis = self.broker.redis

@@ -209,12 +209,15 @@ class QueueSub(Sub):
             self.codel.reset()
         return n
 
-    def forfeit(self) -> tuple[int, ...]:
-        """Drop every item held, none given back: they are no longer this node's (the other
-        nodes took it for dead and gave them back to the queue for anyone). Returns the
-        outstanding tags, for the REVOKE the caller sends; an ACK of one of them is then
-        accepted and ignored (protocol.md section 5: a tag no longer outstanding)."""
+    def forfeit(self) -> tuple[tuple[int, ...], list[QueueItem]]:
+        """Let go of every item held, none requeued here: they may no longer be this node's
+        (the other nodes took it for dead and gave them back to the queue for anyone). Returns
+        the outstanding tags, for the REVOKE the caller sends (an ACK of one is then accepted
+        and ignored: protocol.md section 5, a tag no longer outstanding), and the items, for
+        the queue's home to give back where it still holds them."""
         tags = tuple(self.outstanding)
+        items = [item for item, _ in self.outstanding.values()]
+        items.extend(self.lane)
         self.outstanding.clear()
         self.lane.clear()
         self.revoked.clear()
@@ -222,7 +225,7 @@ class QueueSub(Sub):
         self.acked_since = False
         if self.codel is not None:
             self.codel.reset()
-        return tags
+        return tags, items
 
     def tick(self, now: float) -> int:
         """Server-side CoDel and the round-trip probe; returns the tag revoked, or 0."""

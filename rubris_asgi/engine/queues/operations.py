@@ -259,19 +259,21 @@ class QueueOperations:
                 elif c.idle():
                     del q.active[c]
 
-    def forfeit(self, q: QueueTopic) -> None:
-        """This node no longer holds any item of ``q``: the other nodes took it for dead
-        (paused, or cut off from Redis, past ``node_timeout``) and gave them back to the queue,
-        each with ``attempt`` + 1. What waits to be dealt here is dropped, and what its
-        consumers hold is taken back with REVOKE: a consumer that has not started an item
-        leaves it to its next delivery; one that has finishes it and its ACK is ignored (at
-        least once, and the next delivery says so by its attempt)."""
-        q.ready.clear()
+    def forfeit(self, q: QueueTopic) -> list[QueueItem]:
+        """The other nodes took this one for dead (paused, or cut off from Redis, past
+        ``node_timeout``) and gave the items it held back to the queue, each with ``attempt``
+        + 1. What its consumers hold is taken back with REVOKE: a consumer that has not
+        started an item leaves it to its next delivery; one that has finishes it and its ACK
+        is ignored (at least once, and the next delivery says so by its attempt). Returns the
+        items taken back, for the home to give back where it still holds them."""
+        items: list[QueueItem] = []
         for c in list(q.consumers):
-            tags = c.forfeit()
+            tags, held = c.forfeit()
+            items += held
             if tags:
                 self.direct(c.session, encode(Revoke.of(c.number, tags)))
         q.touch()
+        return items
 
     def _give_back_queues(self, s: Session, lost: bool) -> None:
         for sub in s.subs.values():

@@ -21,6 +21,7 @@ from rubris_asgi.client import Client, SubscribeRejected
 from rubris_asgi.cluster import RedisBroker
 from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
 from rubris_asgi.protocol import Subscribe, Subscribed, encode_frame
+from rubris_asgi.server import relay as relay_module
 
 from .apps import make_rubris, starlette_app
 from .lbkit import Balancer
@@ -423,6 +424,40 @@ async def test_a_websocket_moved_to_another_node_loses_nothing_private(url: str)
                 await a.send(session, "inbox", {"n": 20})
                 await until(lambda: len(private) == 21, "direct again")
                 assert c.resumed
+
+
+async def test_a_home_that_answers_nothing_keeps_its_sessions_until_it_is_silent_too_long(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client of node A reconnects through node B while A receives requests and answers
+    none (stalled, or a crashed host whose subscriber connection Redis still keeps). While A
+    still beats, B opens nothing: it closes with 1013 and the client keeps its session and
+    tries again. Once A has not beat for longer than a session outlives its connection (5 s
+    here), its sessions are gone either way: the next try gets a new session on B, told by
+    resumed=0."""
+    monkeypatch.setattr(relay_module, "ASK_TIMEOUT", 0.5)
+    async with nodes(url) as [(a, base_a), (b, base_b)]:
+        assert isinstance(a.broker, RedisBroker)
+
+        async def hang(head: Any, body: bytes) -> Any:
+            await asyncio.sleep(3600)
+
+        a.broker.nodes.on("ws.open", hang)  # A hears B's requests and answers none
+        async with Balancer([base_a, base_b]) as lb:
+            async with Client(lb.base + "/rubris", backoff=(0.05, 0.2)) as c:
+                first = c.session_id
+                lb.route(1)
+                lb.cut()
+                await asyncio.sleep(2.0)  # A still beats: 1013 again and again, nothing opened
+                assert c.state != "open" and c.session_id == first, c.state
+                assert not b.engine.sessions
+                beat = a.broker.queues._tasks[2]
+                assert beat.get_name() == "rubris-queues-beat"
+                beat.cancel()  # A beats no more: silent past session_timeout in 5 s
+                await until(lambda: c.state == "open", "a new session on B", 15)
+                assert not c.resumed and c.session_id != first
+                assert c.session_id in b.engine.sessions
+                a.broker.queues._tasks.remove(beat)
 
 
 async def test_send_to_a_session_on_another_node_keeps_back_pressure(url: str) -> None:

@@ -83,5 +83,10 @@ class NodeLink:
         ``RuntimeError``: the other node's handler failed."""
         raise NodeGone(f"no node {node}: this one is alone")
 
+    async def silent(self, node: str, seconds: float) -> bool:
+        """Whether ``node`` has not beat for ``seconds`` (or never did, or left): a node that
+        answers nothing for that long is dead to its sessions. Alone: never."""
+        return False
+
     def close(self) -> None:
         """Fail what waits for a reply; stop answering."""

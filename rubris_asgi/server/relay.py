@@ -25,11 +25,13 @@ two (``NodeLink.ask``):
 
 If the home node dies, the entry's next request fails at once (``NodeGone``) and it closes the
 connection (1012): the client reconnects and, its session gone with its node, starts a new one.
-A ``ws.open`` that fails for another reason (Redis unreachable, no free connection to it, the
-home not answering in time: it may be alive, stalled or paused) opens nothing: the entry closes
-the connection with 1013 (try again later) and the client, keeping its session, resumes at its
-next attempt (``HomeUnreachable``). A new session there would abandon the one the home still
-holds, and with it the private messages it was sent meanwhile.
+A home that does not answer and has not beat for longer than a session outlives its connection
+(``Timing.session_timeout``) is gone too: a crashed host, whose subscriber connection Redis may
+keep for minutes. A ``ws.open`` that fails for another reason (Redis unreachable, no free
+connection to it, a home that beat lately and did not answer in time: stalled or paused) opens
+nothing: the entry closes the connection with 1013 (try again later) and the client, keeping
+its session, resumes at its next attempt (``HomeUnreachable``). A new session there would
+abandon the one the home still holds, and with it the private messages it was sent meanwhile.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..cluster.nodes import Head, NodeGone, NodeLink
+from ..cluster.nodes import Head, NodeGone, NodeLink, NoReply
 from ..engine.buffers import FrameBuffer
 from ..engine.session import Session, SessionState
 from ..errors import BrokerUnavailable, ProtocolError
@@ -118,6 +120,13 @@ class Relays:
             reply, welcome = await self.nodes.ask(node, OPEN, head, frame, ASK_TIMEOUT)
         except NodeGone:
             return False
+        except NoReply as exc:
+            # received and not answered: stalled, paused, or dead with its subscriber connection
+            # not yet dropped by Redis (a crashed host: minutes, until TCP keepalive). Silent for
+            # longer than a session outlives its connection, its sessions are gone either way
+            if await self._silent(node):
+                return False
+            raise HomeUnreachable(f"the session's node did not answer: {exc}") from exc
         except FAILED as exc:
             raise HomeUnreachable(f"the session's node cannot be reached now: {exc}") from exc
         if reply.get("status") != 200:
@@ -129,6 +138,12 @@ class Relays:
         finally:
             self.entries.pop(conn, None)
         return True
+
+    async def _silent(self, node: str) -> bool:
+        try:
+            return await self.nodes.silent(node, self.gateway.config.timing.session_timeout)
+        except Exception:  # Redis away: nothing known; the client tries again
+            return False
 
     async def _out(self, head: Head, body: bytes) -> tuple[Head, bytes]:
         relay = self.entries.get(str(head.get("conn")))

@@ -148,6 +148,18 @@ class RedisNodeLink(NodeLink):
             await pool.release(conn)
         return int(receivers)
 
+    async def silent(self, node: str, seconds: float) -> bool:
+        """Whether ``node``'s last heartbeat (``P seen``, written by queues.py's ``BEAT`` and
+        kept a day, also past the node being taken for dead) is older than ``seconds`` by
+        Redis's clock, or missing (it left, or never was). Raises what Redis raises."""
+        pipe = self._client().pipeline(transaction=False)
+        pipe.zscore(self.prefix + "seen", node)
+        pipe.time()
+        score, (now_s, now_us) = await pipe.execute()
+        if score is None:
+            return True
+        return bool(now_s * 1000 + now_us // 1000 - float(score) > seconds * 1000)
+
     def heard(self, message: bytes) -> None:
         """A message on this node's channel (the broker's reader hands it over)."""
         raw, _, body = message.partition(b"\n")

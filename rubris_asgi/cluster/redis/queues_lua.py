@@ -184,6 +184,10 @@ local gone, bump, lost = {node}, 0, 0
 if not leaving then
   -- a node not in the table any more was taken for dead: what it held is given back
   lost = redis.call('ZADD', nodes, now, node)
+  -- when each node last beat, kept past its being taken for dead (a day): how long a node
+  -- that answers nothing has been silent (a crashed host's sessions are gone)
+  redis.call('ZADD', P .. 'seen', now, node)
+  redis.call('ZREMRANGEBYSCORE', P .. 'seen', '-inf', now - 86400000)
   local last = tonumber(redis.call('GET', P .. 'beat') or '0')
   redis.call('SET', P .. 'beat', now)
   if pause > 0 and last > 0 and now - last > pause then
@@ -196,6 +200,8 @@ if not leaving then
     gone = redis.call('ZRANGEBYSCORE', nodes, '-inf', now - lapse)
   end
   bump = 1
+else
+  redis.call('ZREM', P .. 'seen', node)
 end
 local out, touched, moved = {}, {}, 0
 for _, d in ipairs(gone) do

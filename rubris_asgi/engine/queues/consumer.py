@@ -197,17 +197,21 @@ class QueueSub(Sub):
                 back.append(item)
         n = len(self.outstanding) + len(self.lane)
         back.extend(self.lane)
+        self._let_go()
+        if not lost:
+            q.stats.requeued += len(back)
+        q.requeue(back)
+        return n
+
+    def _let_go(self) -> None:
+        """Hold nothing, and forget what went with it (revoked tags, CoDel's state)."""
         self.outstanding.clear()
         self.lane.clear()
         self.revoked.clear()
         self.ceiling = 0
         self.acked_since = False
-        if not lost:
-            q.stats.requeued += len(back)
-        q.requeue(back)
         if self.codel is not None:
             self.codel.reset()
-        return n
 
     def forfeit(self) -> tuple[tuple[int, ...], list[QueueItem]]:
         """Let go of every item held, none requeued here: they may no longer be this node's
@@ -218,13 +222,7 @@ class QueueSub(Sub):
         tags = tuple(self.outstanding)
         items = [item for item, _ in self.outstanding.values()]
         items.extend(self.lane)
-        self.outstanding.clear()
-        self.lane.clear()
-        self.revoked.clear()
-        self.ceiling = 0
-        self.acked_since = False
-        if self.codel is not None:
-            self.codel.reset()
+        self._let_go()
         return tags, items
 
     def tick(self, now: float) -> int:

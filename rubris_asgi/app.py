@@ -30,13 +30,14 @@ from .batches import BatchStore, ItemRef, parse_item
 from .batches.service import Batches
 from .batches.watch import AuthorizeBatch, BatchTopics
 from .cluster import WORKERS_ENV, Broker, cluster_from
+from .cluster.ends import SessionEnds
 from .cluster.sends import RemoteSends
 from .config import Config
-from .engine.channels import _UNSET, Registry
+from .engine.channels import _UNSET, PublishRule, Registry
 from .engine.engine import Engine
 from .engine.queues import QueueSettings, QueueStats
 from .engine.session import Session, SessionState
-from .errors import QueueFull, SessionClosed
+from .errors import ErrorCode, QueueFull, SessionClosed
 from .ops.observer import Observer
 from .ops.page import OpsPage
 from .ops.stats import Stats, collect_stats
@@ -56,7 +57,7 @@ from .server.lifespan import lifespan_protocol
 from .server.longpoll import LongPollTransport
 from .server.quiet_log import QuietPolls
 from .server.relay import Relays
-from .server.runtime import housekeeping, queue_ticks, run_scheduler
+from .server.runtime import housekeeping, queue_ticks, reauthentication, run_scheduler
 from .server.threads import call_in_loop, wait_for_room
 from .server.websocket import WebSocketTransport
 
@@ -82,7 +83,8 @@ class Rubris:
         api_token: turns on the HTTP API (``{mount}/api/...``) for requests that carry
             ``Authorization: Bearer <api_token>``; others get 401.
         authorize_api: ``f(request, topic) -> bool`` (may be async; ``Reject`` refuses with its
-            reason): turns on the HTTP API and decides per topic (403 when it says no). With
+            reason): turns on the HTTP API and decides per topic (403 when it says no); asked
+            first with ``"$api"`` before a body naming topics or batches is read. With
             neither, the API's paths do not exist.
         batches: batch tracking (``Rubris.batches``, ``{mount}/api/batches``, ``batch.{id}``):
             a ``BatchStore`` (``SQLiteBatchStore``, ``RedisBatchStore``, ...), a SQLite file's
@@ -145,7 +147,11 @@ class Rubris:
             wake=self._wake_scheduler,
             **({"clock": clock} if clock else {}),
         )
-        self.registry = Registry(compress_at=config.compress_at)
+        self.registry = Registry(
+            compress_at=config.compress_at,
+            keep=config.timing.topic_keep,
+            max_topics=config.limits.max_topics_per_channel,
+        )
         self.dispatcher = Dispatcher(self.engine, self.registry, config, decompressor, self.broker)
         self.gateway = Gateway(
             self.engine,
@@ -164,9 +170,11 @@ class Rubris:
         self.longpoll = LongPollTransport(self.gateway, self._quiet_polls)
         self.longpoll.serve_forwarded()  # polls that reach another node first (several nodes)
         self._remote = RemoteSends(self.engine, self.registry, cluster.nodes, self.send)
+        self._ends = SessionEnds(self.engine, cluster.nodes, self.dispatcher.cancel_session)
         if self.broker.distributed:
             self.relays.serve()
             self._remote.serve()
+            self._ends.serve()
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -182,6 +190,7 @@ class Rubris:
             authorize=authorize_api,
             broker=self.broker,
             batches=self._batches,
+            origin_allowed=self.gateway.origin_allowed,  # the transports' rule: one allow-list
         )
         self._drain = Drain(self.engine, config, self.api, self.websocket, self.relays)
         batch_routes = []
@@ -217,10 +226,19 @@ class Rubris:
         ring: int | None = None,
         codec: Codec = Codec.JSON,
         compress_at: int | None = _UNSET,
-        client_publish: bool = False,
+        client_publish: PublishRule = False,
+        keep: float | None = _UNSET,
+        max_topics: int | None = None,
     ) -> Callable[[F], F]:
         """Register a shared channel; the handler ``(session, **params)`` may ``raise Reject``
-        and returns the value a new subscriber gets when the topic has none yet."""
+        and returns the value a new subscriber gets when the topic has none yet.
+
+        ``client_publish``: True lets a session PUBLISH where the handler accepts it as a
+        subscriber; a hook ``(session, **params)`` (``payload=`` too, if it names it) decides
+        each PUBLISH instead and may ``raise Reject``. ``keep``: seconds a topic outlives its
+        last publish with no subscriber (``Timing.topic_keep``; None: for ever);
+        ``max_topics``: the channel's topics alive at once (``Limits.max_topics_per_channel``).
+        """
         return self.registry.shared(
             pattern,
             snapshot=snapshot,
@@ -228,6 +246,8 @@ class Rubris:
             codec=codec,
             compress_at=compress_at,
             client_publish=client_publish,
+            keep=keep,
+            max_topics=max_topics,
         )
 
     def private(
@@ -259,7 +279,8 @@ class Rubris:
         codel_interval: float = 0.100,
         codec: Codec = Codec.JSON,
         compress_at: int | None = _UNSET,
-        client_publish: bool = False,
+        client_publish: PublishRule = False,
+        max_topics: int | None = None,
     ) -> Callable[[F], F]:
         """Register a work-queue channel: each item goes to one consumer at a time.
 
@@ -272,7 +293,9 @@ class Rubris:
         that is NACKed without requeue, goes to the queue topic ``dead_letter`` (else it is
         dropped and counted). ``codel_target``/``codel_interval``: server-side CoDel, which
         takes back (REVOKE) items waiting too long inside a consumer; None turns it off.
-        ``client_publish``: clients may PUBLISH items. docs/guide.md, "Work queues".
+        ``client_publish``: clients may PUBLISH items (True: where the handler accepts them
+        as consumers; or a hook, as for ``shared``). ``max_topics``: the channel's queue topics
+        alive at once. docs/guide.md, "Work queues".
         """
         settings = QueueSettings(
             max_length=max_length,
@@ -286,7 +309,12 @@ class Rubris:
             codel_interval=codel_interval,
         )
         return self.registry.queue(
-            pattern, settings, codec=codec, compress_at=compress_at, client_publish=client_publish
+            pattern,
+            settings,
+            codec=codec,
+            compress_at=compress_at,
+            client_publish=client_publish,
+            max_topics=max_topics,
         )
 
     def rpc(self, name: str | None = None) -> Callable[[F], F]:
@@ -433,6 +461,29 @@ class Rubris:
         self._on_loop("send_to")
         return await self._remote.send_to(session_id, name, value, key)
 
+    async def disconnect(
+        self,
+        *,
+        user: Any = None,
+        session: str | None = None,
+        code: ErrorCode = ErrorCode.NOT_AUTHORISED,
+        reason: str = "disconnected by the application",
+    ) -> int:
+        """End every session of ``user`` (as ``authenticate`` gives it, compared by its
+        stable identity), or the session whose id is ``session``, on every node: GOODBYE
+        ``code`` (4, or 10 for the application's own reason) and the close; a session
+        waiting to be resumed is forgotten. Returns how many were ended.
+
+        Raises ``BrokerUnavailable`` when another node could not be asked (those ended stay
+        ended; call again), ``ValueError`` for another code or neither argument."""
+        self._on_loop("disconnect")
+        if (user is None) == (session is None):
+            raise ValueError("give exactly one of user= or session=")
+        if user is not None and Gateway.user_key(user) is None:
+            raise ValueError("anonymous sessions are ended by session id, not by user")
+        owner = Gateway.owner_tag(user) if user is not None else None
+        return await self._ends.end(owner, session, code, reason)
+
     def _on_loop(self, what: str) -> None:
         """Refuse an async call made from another event loop than the server's: the engine's
         waiters would be woken on the wrong loop."""
@@ -559,6 +610,11 @@ class Rubris:
             ),
             loop.create_task(queue_ticks(self.engine), name="rubris-queue-ticks"),
         ]
+        every = self.config.timing.reauthenticate
+        if every is not None:
+            self._tasks.append(
+                loop.create_task(reauthentication(self.websocket, every), name="rubris-reauth")
+            )
         if self._batches is not None:
             await self._batches.store.start()
             self._tasks.append(loop.create_task(self._batches.run(), name="rubris-batches"))

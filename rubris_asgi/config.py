@@ -81,6 +81,18 @@ class Limits:
     """Payload bytes of those messages: 429 / REJECTED 6, as for the count."""
     api_body: int = 16 * 1024 * 1024
     """Largest HTTP API request body: 413."""
+    max_sessions_per_user: int = 100
+    """Sessions one authenticated user may hold at once: GOODBYE 6 + close 1013 / HTTP 503."""
+    max_sessions_per_address: int = 1000
+    """Anonymous sessions from one client address at once (authenticated users count under
+    ``max_sessions_per_user`` instead): GOODBYE 6 + close 1013 / HTTP 503."""
+    max_topics_per_channel: int = 100_000
+    """Shared or queue topics one channel may have alive at once, unless the channel sets its
+    own ``max_topics``: REJECTED 6 / ``ProtocolError`` 6, other channels unaffected."""
+    inbound_rate: int = 8 * 1024 * 1024
+    """Bytes of client input one connection may have parsed per second (frames, plus what
+    COMPRESSED payloads inflate to); past it the connection is read no further until the
+    budget refills, so one client cannot take the event loop from the others."""
 
     def __post_init__(self) -> None:
         _check_positive(self)
@@ -98,6 +110,22 @@ class Timing:
     """How long a long-poll GET waits for data before answering 204."""
     shutdown_drain: float = 5.0
     """How long graceful shutdown waits for in-flight frames after GOODBYE 9."""
+    body_timeout: float = 10.0
+    """How long a request body rubris reads (long-poll POST, HTTP API) may take to arrive
+    whole: HTTP 408 past it."""
+    header_timeout: float = 10.0
+    """How long a new HTTP connection may take to send its request line and headers before it
+    is closed (``serve()`` sets this on uvicorn)."""
+    idle_timeout: float = 5.0
+    """How long a kept-alive HTTP connection may wait for its next request before it is closed
+    (uvicorn's ``timeout_keep_alive``, set by ``serve()``)."""
+    topic_keep: float | None = 3600.0
+    """How long a shared topic the application publishes to is kept without subscribers after
+    its last publish (its value and ring for late joiners); None: for ever. Topics only clients
+    made or fed are kept ``session_timeout`` after they were last used."""
+    reauthenticate: float | None = None
+    """When set, every connected session's user is checked again this often by calling
+    ``authenticate`` with the connection's request; a ``Reject`` ends the session (GOODBYE 4)."""
 
     def __post_init__(self) -> None:
         _check_positive(self)

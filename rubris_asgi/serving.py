@@ -6,6 +6,13 @@ instances first: every session gets GOODBYE 9 and its in-flight frames, then uvi
 and a connection whose peer stopped reading (which uvicorn would wait for forever) is cut after
 ``Timing.shutdown_drain``.
 
+``serve()`` also bounds what a connection may hold before rubris sees a request: an idle
+kept-alive connection is closed after ``Timing.idle_timeout`` (uvicorn's ``timeout_keep_alive``)
+and a request's head (request line and headers) must arrive within ``Timing.header_timeout``
+(:class:`HeadDeadline`, which uvicorn lacks), so a client that connects and sends nothing, or a
+header byte now and then, does not keep a socket for ever (docs/operations.md, "Security
+model"). Bodies are bounded by rubris itself (server/hardening.py).
+
 >>> from rubris_asgi import serve
 >>> serve(app, rubris, port=8000)  # doctest: +SKIP
 """
@@ -22,12 +29,15 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .app import Rubris
 from .cluster import WORKERS_ENV
+from .config import Timing
 
 log = logging.getLogger("rubris_asgi")
 
@@ -88,23 +98,186 @@ def serve(
     ``workers``: processes sharing the port. More than one needs ``app`` as an import string
     (``"myapp:app"``: each worker imports it and builds its own ``Rubris``, which it drains)
     and a broker that shares their topics (``RUBRIS_REDIS_URL``, or ``Rubris(broker=...)``);
-    a worker that dies is replaced. Per-message deflate at the WebSocket layer is off by
-    default: rubris deflates each message itself, and compressing twice costs CPU for nothing.
+    a worker that dies is replaced. ``uvicorn_options`` go to ``uvicorn.Config`` over the
+    defaults of :func:`uvicorn_config` (the connection timeouts, no per-message deflate).
     """
-    uvicorn_options.setdefault("ws_per_message_deflate", False)
     if workers > 1:
         if not isinstance(app, str):
             raise ValueError('serve(workers=N): pass the app as an import string ("module:app")')
         if rubris is not None:
             raise ValueError("serve(workers=N): each worker drains its own Rubris; pass none")
-        _serve_workers(uvicorn.Config(app, host=host, port=port, **uvicorn_options), workers)
+        _serve_workers(uvicorn_config(app, host=host, port=port, **uvicorn_options), workers)
         return
     if rubris is None and not isinstance(app, str):
         raise ValueError("serve(app, rubris): the Rubris to drain on the way out is missing")
-    config = uvicorn.Config(app, host=host, port=port, **uvicorn_options)
+    given = _given(rubris)  # read once: an iterator would be empty the second time
+    config = uvicorn_config(app, given, host=host, port=port, **uvicorn_options)
     # uvicorn re-raises the Ctrl-C it handled gracefully; the shutdown is over by then
     with contextlib.suppress(KeyboardInterrupt):
-        Server(config, rubris).run()
+        Server(config, given).run()
+
+
+def uvicorn_config(
+    app: Any,
+    rubris: Rubris | Iterable[Rubris] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    **uvicorn_options: Any,
+) -> uvicorn.Config:
+    """The ``uvicorn.Config`` that ``serve()`` runs ``app`` with; the caller's options win.
+
+    - ``timeout_keep_alive``: ``Timing.idle_timeout``, how long a kept-alive connection may
+      wait for its next request;
+    - ``http``: uvicorn's own HTTP/1.1 protocol (``"auto"``, ``"h11"`` or ``"httptools"``, as
+      asked) with :class:`HeadDeadline`: a request's head must arrive within
+      ``Timing.header_timeout``. A protocol class, or another name (``"zttp"``, HTTP/2), is
+      used as given, without it;
+    - ``ws_per_message_deflate``: off, as rubris deflates each message itself and compressing
+      twice costs CPU for nothing.
+
+    The timings are those of ``rubris`` (the strictest, for several); without one (an import
+    string, ``workers=N``) those of the ``Rubris`` running in the process when a connection
+    comes, which a worker has started by then.
+    """
+    deadlines = Deadlines(_given(rubris), idle_chosen="timeout_keep_alive" in uvicorn_options)
+    options: dict[str, Any] = {
+        "ws_per_message_deflate": False,
+        "timeout_keep_alive": deadlines.timeouts()[1],  # None only when the caller chose
+        **uvicorn_options,
+    }
+    http = options.get("http", "auto")
+    if isinstance(http, str) and http in DEADLINE_PROTOCOLS:
+        options["http"] = DEADLINE_PROTOCOLS[http]
+    config = uvicorn.Config(app, host=host, port=port, **options)
+    setattr(config, _DEADLINES, deadlines)  # what each connection's protocol reads
+    return config
+
+
+def _given(rubris: Rubris | Iterable[Rubris] | None) -> tuple[Rubris, ...]:
+    if rubris is None:
+        return ()
+    return (rubris,) if isinstance(rubris, Rubris) else tuple(rubris)
+
+
+# The deadline on a request's head, which uvicorn lacks
+
+_DEADLINES = "rubris_deadlines"
+"""The attribute of a ``uvicorn.Config`` that holds its ``Deadlines`` (a worker's copy of the
+config carries it across the process boundary)."""
+_DEFAULT_TIMING = Timing()
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Where a connection's timeouts come from: the ``Timing`` of the ``rubris`` served, else
+    of those running in the process (a worker's, read at each connection: it is started by the
+    time connections are taken), else the defaults."""
+
+    rubris: tuple[Rubris, ...] = ()
+    idle_chosen: bool = False
+    """The caller set uvicorn's ``timeout_keep_alive``: leave it."""
+
+    def timeouts(self) -> tuple[float, float | None]:
+        """(header timeout, idle timeout or None to keep uvicorn's): the strictest of the
+        timings, as one server's connections serve every app in it."""
+        timings = [r.config.timing for r in self.rubris or Rubris.running] or [_DEFAULT_TIMING]
+        idle = None if self.idle_chosen else min(t.idle_timeout for t in timings)
+        return min(t.header_timeout for t in timings), idle
+
+
+_OUTSIDE_SERVE = Deadlines(idle_chosen=True)
+
+
+class HeadDeadline(asyncio.Protocol):
+    """Mixed into uvicorn's HTTP/1.1 protocols: a request's head (its request line and headers)
+    must arrive whole within ``Timing.header_timeout`` of the connection's start or, for a later
+    request on a kept-alive connection, of its first byte; else the connection is closed.
+
+    uvicorn bounds the wait between requests (``timeout_keep_alive``), not the head itself: a
+    client that connects and sends nothing, or a header byte every few seconds (slowloris),
+    would hold its socket and protocol for ever, and a few thousand hold the server. A head is
+    complete when uvicorn shows it the way both its protocols do: a new request cycle
+    (``cycle``), or the transport handed to the WebSocket protocol. From there the body
+    (``Timing.body_timeout``, for the bodies rubris reads), the response and a WebSocket (its
+    pings) have their own bounds. A connection kept by bytes that follow a complete answer (the
+    rest of a body it refused) counts as a head that is not complete: it is closed too.
+    """
+
+    # uvicorn's, declared for the type checker
+    transport: asyncio.Transport
+    cycle: Any
+    config: uvicorn.Config
+    loop: asyncio.AbstractEventLoop
+
+    _head_seconds = _DEFAULT_TIMING.header_timeout
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        # a config serve() did not build (``uvicorn --http rubris_asgi.serving:...``): the
+        # caller's own timeout_keep_alive stays; the head's comes from the running Rubris
+        deadlines = getattr(self.config, _DEADLINES, None) or _OUTSIDE_SERVE
+        self._head_seconds, idle = deadlines.timeouts()
+        if idle is not None:
+            # uvicorn copied the config's, typed int: a float works as well (a call_later)
+            setattr(self, "timeout_keep_alive", idle)  # noqa: B010
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        super().data_received(data)
+        transport = self.transport
+        if (
+            self.cycle is not cycle
+            or transport.is_closing()
+            or transport.get_protocol() is not self
+        ):
+            self._disarm()  # a head complete, or the connection done with HTTP/1.1
+        elif cycle is None or cycle.response_complete:
+            self._arm()  # bytes of a head not complete yet (armed already: the same deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self._head_seconds, self._head_late)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        transport = self.transport
+        if transport.get_protocol() is self and not transport.is_closing():
+            transport.close()
+
+
+class H11HeadDeadline(HeadDeadline, H11Protocol):
+    """uvicorn's h11 protocol with :class:`HeadDeadline`."""
+
+
+DEADLINE_PROTOCOLS: dict[str, type[asyncio.Protocol]] = {
+    "h11": H11HeadDeadline,
+    "auto": H11HeadDeadline,
+}
+"""uvicorn's protocol names, each with :class:`HeadDeadline`: ``"auto"`` is httptools when it
+is installed, as in uvicorn."""
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # uvicorn without its [standard] extra: h11 only
+    pass
+else:
+
+    class HttpToolsHeadDeadline(HeadDeadline, HttpToolsProtocol):
+        """uvicorn's httptools protocol with :class:`HeadDeadline`."""
+
+    DEADLINE_PROTOCOLS["httptools"] = DEADLINE_PROTOCOLS["auto"] = HttpToolsHeadDeadline
 
 
 def _serve_workers(config: uvicorn.Config, workers: int) -> None:

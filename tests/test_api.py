@@ -180,6 +180,8 @@ async def test_authorisation_hook_per_topic() -> None:
 
     async def authorize(request: Any, topic: str) -> bool:
         asked.append((topic, request.headers.get("x-team")))
+        if topic == "$api":  # before the body is read: may this caller send one at all?
+            return request.headers.get("x-team") is not None
         if topic == "status":
             raise Reject("status is read-only")
         return topic.startswith("prices.") and request.headers.get("x-team") == "pricing"
@@ -191,7 +193,8 @@ async def test_authorisation_hook_per_topic() -> None:
             body = [{"topic": "prices.A", "data": i} for i in range(3)]
             r = await http.post("/api/publish", json=body, headers=team)
             assert r.status_code == 200
-            assert asked == [("prices.A", "pricing")]  # once per topic of a request
+            # "$api" first, before the body; then once per topic of a request
+            assert asked == [("$api", "pricing"), ("prices.A", "pricing")]
             r = await http.post("/api/publish", json=body, headers={"x-team": "other"})
             assert r.status_code == 403 and r.json()["index"] == 0
             r = await http.post("/api/publish", json=[*body, {"topic": "status", "data": 1}])

@@ -329,3 +329,41 @@ async def test_a_lost_answer_is_unknown_and_the_keyed_retry_returns_the_first_se
                 assert seq == got[-1][0] == 17
                 await asyncio.sleep(0.3)
                 assert [v["n"] for _, v in got] == list(range(17))
+
+
+async def test_disconnect_ends_a_users_sessions_on_every_node(url: str) -> None:
+    """``Rubris.disconnect(user=...)`` asked on one node ends that user's sessions on both,
+    and counts them; by session id, the session's own node ends it."""
+
+    def who(conn: Any) -> Any:
+        return conn.headers.get("x-user")
+
+    rubrises = [
+        app_rubris(broker=RedisBroker(url), batches=False, authenticate=who) for _ in range(2)
+    ]
+    async with contextlib.AsyncExitStack() as servers:
+        b0, b1 = [await servers.enter_async_context(run_server(starlette_app(r))) for r in rubrises]
+        r0, r1 = rubrises
+        clients = [
+            Client(f"{b}/rubris", transport="websocket", headers={"x-user": "carol"})
+            for b in (b0, b1, b1)
+        ]
+        other = Client(f"{b0}/rubris", transport="websocket", headers={"x-user": "dave"})
+        async with contextlib.AsyncExitStack() as stack:
+            for c in (*clients, other):
+                await stack.enter_async_context(c)
+            await until(lambda: len(r1.engine.sessions) == 2, "both sessions on node 1")
+            assert await r0.disconnect(user="carol", reason="logged out") == 3
+            await until(
+                lambda: (
+                    not any(
+                        s.owner == "carol" for r in (r0, r1) for s in r.engine.sessions.values()
+                    )
+                ),
+                "carol's sessions ended everywhere",
+            )
+            assert [s.owner for s in r0.engine.sessions.values()] == ["dave"]
+            dave = other.session_id
+            assert dave is not None
+            assert await r1.disconnect(session=dave) == 1
+            await until(lambda: not r0.engine.sessions, "dave's session ended by node 1")

@@ -117,6 +117,11 @@ class Broker:
         """Make ``topic``'s state the broker's (epoch, seq, ring or snapshot) and keep it so
         while it has subscribers here. Raises ``BrokerUnavailable`` when that cannot be done."""
 
+    def follows(self, name: str) -> bool:
+        """Whether the topic ``name`` is followed for other nodes (the engine keeps it while
+        it is). Alone: never."""
+        return False
+
     def accepting(self, messages: int, nbytes: int) -> bool:
         """Whether ``messages`` publishes of ``nbytes`` would be taken now, all of them."""
         return True

@@ -83,6 +83,10 @@ class NodeLink:
         ``RuntimeError``: the other node's handler failed."""
         raise NodeGone(f"no node {node}: this one is alone")
 
+    async def live(self) -> list[str]:
+        """The nodes that beat recently, this one included. Alone: this one."""
+        return [self.node]
+
     async def silent(self, node: str, seconds: float) -> bool:
         """Whether ``node`` has not beat for ``seconds`` (or never did, or left): a node that
         answers nothing for that long is dead to its sessions. Alone: never."""

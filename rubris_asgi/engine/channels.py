@@ -21,6 +21,11 @@ from .queues.settings import QueueSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+PublishRule = bool | Callable[..., Any]
+"""A channel's ``client_publish``: False (no client PUBLISH), True (a session may PUBLISH to a
+topic where the channel's subscribe handler accepts it), or a hook ``(session, **params)`` —
+``payload=`` too if it names it — that decides each PUBLISH and may ``raise Reject``."""
+
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path))?\}")
 
 
@@ -54,6 +59,21 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def _publishing(pattern: str, rule: PublishRule) -> dict[str, Any]:
+    """The ``Channel`` fields of a ``client_publish`` setting."""
+    if isinstance(rule, bool):
+        return {"client_publish": rule}
+    if not callable(rule):
+        raise TypeError(
+            f"channel {pattern!r}: client_publish must be a bool or a callable, got {rule!r}"
+        )
+    return {
+        "client_publish": True,
+        "publish_hook": rule,
+        "hook_wants_payload": _accepts(rule, "payload"),
+    }
+
+
 @dataclass
 class Channel:
     """A registered family of topics and its settings."""
@@ -71,6 +91,15 @@ class Channel:
     client_publish: bool = False
     wants_params: bool = False
     queue_settings: QueueSettings | None = None
+    publish_hook: Callable[..., Any] | None = None
+    """The application's decision on each client PUBLISH (``client_publish=hook``); None:
+    the subscribe handler decides (``client_publish=True``)."""
+    hook_wants_payload: bool = False
+    keep: float | None = 3600.0
+    """Seconds a topic the application published to is kept without subscribers after its
+    last publish (None: for ever)."""
+    max_topics: int = 100_000
+    """Topics of this channel alive at once."""
 
     def match(self, name: str) -> dict[str, str] | None:
         m = self.regex.match(name)
@@ -98,6 +127,10 @@ class Registry:
     """Channels and methods, frozen at start-up."""
 
     compress_at: int | None = 512
+    keep: float | None = 3600.0
+    """Default ``keep`` of shared channels (``Timing.topic_keep``)."""
+    max_topics: int = 100_000
+    """Default ``max_topics`` of channels (``Limits.max_topics_per_channel``)."""
     channels: list[Channel] = field(default_factory=list)
     methods: dict[str, Method] = field(default_factory=dict)
     frozen: bool = False
@@ -108,6 +141,13 @@ class Registry:
             raise RegistrationClosed(
                 f"cannot register {what} after the app has started; register at import time"
             )
+
+    def _bound(self, pattern: str, max_topics: int | None) -> int:
+        if max_topics is None:
+            return self.max_topics
+        if isinstance(max_topics, bool) or max_topics < 1:
+            raise ValueError(f"channel {pattern!r}: max_topics must be >= 1, got {max_topics}")
+        return max_topics
 
     def _add(self, ch: Channel) -> None:
         if any(c.pattern == ch.pattern for c in self.channels):
@@ -124,14 +164,23 @@ class Registry:
         ring: int | None = None,
         codec: Codec = Codec.JSON,
         compress_at: int | None = _UNSET,
-        client_publish: bool = False,
+        client_publish: PublishRule = False,
+        keep: float | None = _UNSET,
+        max_topics: int | None = None,
     ) -> Callable[[F], F]:
-        """Register a shared channel: ``snapshot=True`` (latest value) or ``ring=N`` (last N)."""
+        """Register a shared channel: ``snapshot=True`` (latest value) or ``ring=N`` (last N).
+
+        ``keep``: seconds a topic the application published to outlives its last publish
+        without subscribers (default the registry's; None: for ever); ``max_topics``: its
+        topics alive at once (default the registry's)."""
         self._check_open(f"channel {pattern!r}")
         if snapshot == (ring is not None):
             raise ValueError(f"channel {pattern!r}: give exactly one of snapshot=True or ring=N")
         if ring is not None and ring < 1:
             raise ValueError(f"channel {pattern!r}: ring must be >= 1, got {ring}")
+        if keep is not _UNSET and keep is not None and not keep > 0:
+            raise ValueError(f"channel {pattern!r}: keep must be > 0 or None, got {keep}")
+        publishing = _publishing(pattern, client_publish)
         regex, params = compile_pattern(pattern)
 
         def deco(fn: F) -> F:
@@ -146,8 +195,10 @@ class Registry:
                     ring=ring,
                     codec=codec,
                     compress_at=self.compress_at if compress_at is _UNSET else compress_at,
-                    client_publish=client_publish,
                     wants_params=_accepts(fn, "params"),
+                    keep=self.keep if keep is _UNSET else keep,
+                    max_topics=self._bound(pattern, max_topics),
+                    **publishing,
                 )
             )
             return fn
@@ -198,10 +249,12 @@ class Registry:
         *,
         codec: Codec = Codec.JSON,
         compress_at: int | None = _UNSET,
-        client_publish: bool = False,
+        client_publish: PublishRule = False,
+        max_topics: int | None = None,
     ) -> Callable[[F], F]:
         """Register a work-queue channel: each item to one consumer (protocol.md 5)."""
         self._check_open(f"channel {pattern!r}")
+        publishing = _publishing(pattern, client_publish)
         regex, params = compile_pattern(pattern)
 
         def deco(fn: F) -> F:
@@ -215,9 +268,10 @@ class Registry:
                     params,
                     codec=codec,
                     compress_at=self.compress_at if compress_at is _UNSET else compress_at,
-                    client_publish=client_publish,
                     wants_params=_accepts(fn, "params"),
                     queue_settings=settings,
+                    max_topics=self._bound(pattern, max_topics),
+                    **publishing,
                 )
             )
             return fn

@@ -85,8 +85,14 @@ class Engine(QueueOperations):
             async_window=self.config.writer.async_window,
         )
         self.topics: dict[str, SharedTopic] = {}
+        self.idle: dict[SharedTopic, float] = {}
+        """Shared topics without a subscriber here, since when: what ``retire`` walks."""
+        self.per_channel: dict[str, int] = {}
+        """Topics alive per channel pattern (shared and queue): ``Channel.max_topics``."""
         self.queues: dict[str, QueueTopic] = {}
         self.sessions: dict[str, Session] = {}
+        self.holders: dict[Any, int] = {}
+        """Live sessions per user (its owner key) and per address (anonymous ones)."""
         self.unattached: dict[Session, None] = {}
         """The sessions without a connection (new, or detached): what :meth:`expire` walks, four
         times a second, rather than every session."""
@@ -139,12 +145,29 @@ class Engine(QueueOperations):
 
     # sessions
 
-    def open_session(self, user: Any = None, owner: Any = None) -> Session:
-        """A new session; its id and resume secret are 128 random bits each."""
-        if len(self.sessions) >= self.config.limits.max_sessions:
+    def open_session(self, user: Any = None, owner: Any = None, address: str = "") -> Session:
+        """A new session; its id and resume secret are 128 random bits each.
+
+        Refused (``ProtocolError`` 6) past ``max_sessions`` here, and past the holder's own
+        cap: ``max_sessions_per_user`` for a user (``owner``), ``max_sessions_per_address``
+        for anonymous sessions from one client ``address`` (when it is known), so no one
+        client takes the sessions every other needs."""
+        limits = self.config.limits
+        if len(self.sessions) >= limits.max_sessions:
             raise ProtocolError("too many sessions on this server", ErrorCode.TOO_MANY)
+        holder = _holder(owner, address)
+        if owner is not None:
+            cap, whose = limits.max_sessions_per_user, "user"
+        else:  # an address unknown (a server that gives none) is nobody's to cap
+            cap, whose = (limits.max_sessions_per_address if address else 0), "address"
+        if cap and self.holders.get(holder, 0) >= cap:
+            raise ProtocolError(
+                f"too many sessions for this {whose} (limit {cap})", ErrorCode.TOO_MANY
+            )
         sid = self.session_prefix + secrets.token_urlsafe(16)
         s = Session(sid, f"{sid}.{secrets.token_urlsafe(16)}", user, owner)
+        s.address = address
+        self.holders[holder] = self.holders.get(holder, 0) + 1
         # detached until its transport attaches it, after WELCOME is written: the session
         # timeout counts from now, not from 0 (a slow WELCOME write must not expire it)
         s.detached_at = self.clock()
@@ -268,7 +291,13 @@ class Engine(QueueOperations):
             self._drop_sub(s, sub, lost=True)
         s.direct = None
         s.pending.clear()
-        self.sessions.pop(s.id, None)
+        if self.sessions.pop(s.id, None) is not None:
+            holder = _holder(s.owner, s.address)
+            left = self.holders.get(holder, 0) - 1
+            if left > 0:
+                self.holders[holder] = left
+            else:
+                self.holders.pop(holder, None)
         self.unattached.pop(s, None)
         if self.on_session_end is not None:
             self.on_session_end(s)
@@ -324,7 +353,7 @@ class Engine(QueueOperations):
         t = self.topics.get(name)
         if t is not None:
             return t
-        if len(self.topics) >= self.config.limits.max_topics:
+        if len(self.topics) + len(self.queues) >= self.config.limits.max_topics:
             raise ProtocolError("too many topics on this server", ErrorCode.TOO_MANY)
         t = SharedTopic(
             name,
@@ -337,33 +366,92 @@ class Engine(QueueOperations):
             on_dirty=self.scheduler.topic_dirty,
         )
         self.topics[name] = t
+        self.idle[t] = self.clock()  # no subscriber yet
         return t
 
     def shared_named(self, name: str, registry: Registry) -> SharedTopic:
         """The shared topic ``name``, made on first use from the channel that matches it;
         ``ProtocolError`` (code 3) when no shared channel does."""
         t = self.topics.get(name)
-        if t is not None:
-            return t
-        found = registry.match(name)
-        if found is None or not found[0].shared:
-            raise ProtocolError(f"no shared channel matches {name!r}", ErrorCode.UNKNOWN)
-        return self.topic_of(name, found[0])
+        if t is None:
+            found = registry.match(name)
+            if found is None or not found[0].shared:
+                raise ProtocolError(f"no shared channel matches {name!r}", ErrorCode.UNKNOWN)
+            t = self.topic_of(name, found[0])
+        t.app = True  # the application's own: kept for its channel's ``keep``
+        return t
 
     def topic_of(self, name: str, ch: Channel) -> SharedTopic:
-        """The shared topic ``name`` of channel ``ch``, created with the channel's settings."""
+        """The shared topic ``name`` of channel ``ch``, created with the channel's settings;
+        ``ProtocolError`` 6 past the channel's ``max_topics`` (other channels unaffected)."""
         t = self.topics.get(name)
         if t is not None:
             return t
-        return self.topic(name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at)
+        self._count_in(ch)
+        t = self.topic(name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at)
+        t.keep = ch.keep
+        t.pattern = ch.pattern
+        self.per_channel[ch.pattern] = self.per_channel.get(ch.pattern, 0) + 1
+        return t
+
+    def _count_in(self, ch: Channel) -> None:
+        """Refuse a new topic of ``ch`` past its ``max_topics``."""
+        if self.per_channel.get(ch.pattern, 0) >= ch.max_topics:
+            raise ProtocolError(
+                f"too many topics of channel {ch.pattern} (limit {ch.max_topics})",
+                ErrorCode.TOO_MANY,
+            )
+
+    def retire(self, now: float, followed: Callable[[str], bool]) -> int:
+        """Forget the shared topics nobody needs: no subscriber here, not ``followed`` for
+        other nodes (a distributed broker's, which lets go of its own after a while), and
+        nothing published for as long as the topic is kept. Returns how many went.
+
+        A topic the application publishes to (``SharedTopic.app``) is kept its channel's
+        ``keep`` after its last publish, for late joiners (None: for ever). A topic only
+        clients made or fed (a SUBSCRIBE, a client PUBLISH) is kept ``session_timeout``:
+        the window in which a client that lost its session comes back and recovers. Either
+        way, one that never held a message goes at once. Only topics without subscribers are
+        walked (``idle``), so a sweep costs nothing for the topics in use."""
+        window = self.config.timing.session_timeout
+        gone: list[SharedTopic] = []
+        retired = 0
+        idle = self.idle
+        for t, since in idle.items():
+            if t.subs or self.topics.get(t.name) is not t:
+                gone.append(t)  # subscribed again, or already forgotten: not idle now
+                continue
+            if t.seq == 0:  # a moment's grace for a publish still in the intake
+                keep: float | None = min(window, EMPTY_GRACE)
+            else:
+                keep = t.keep if t.app else window
+            if keep is None or now - max(since, t.stamp) < keep or followed(t.name):
+                continue
+            gone.append(t)
+            self._forget(t)
+            retired += 1
+        for t in gone:
+            del idle[t]
+        return retired
+
+    def _forget(self, t: SharedTopic) -> None:
+        del self.topics[t.name]
+        self.telemetry.retired_seqs += t.seq  # its publishes still count (``published()``)
+        self.telemetry.topics_retired += 1
+        if t.pattern:
+            left = self.per_channel.get(t.pattern, 0) - 1
+            if left > 0:
+                self.per_channel[t.pattern] = left
+            else:
+                self.per_channel.pop(t.pattern, None)
 
     def discard_topic(self, name: str) -> bool:
         """Forget the shared topic ``name`` if nobody subscribes to it (True when it did)."""
         t = self.topics.get(name)
         if t is None or t.subs:
             return False
-        del self.topics[name]
-        self.telemetry.retired_seqs += t.seq  # its publishes still count (``published()``)
+        self._forget(t)
+        self.idle.pop(t, None)
         return True
 
     def publish(self, t: SharedTopic, value: Any, stamp: float | None = None) -> int:
@@ -600,8 +688,11 @@ class Engine(QueueOperations):
         if s.names.get(name) is sub:
             del s.names[name]
         s.pending.pop(sub, None)
-        if sub.topic is not None:
-            sub.topic.subs.pop(sub, None)
+        t = sub.topic
+        if t is not None:
+            t.subs.pop(sub, None)
+            if not t.subs:
+                self.idle[t] = self.clock()
         if isinstance(sub, PrivateSub):
             while sub.waiters:
                 sub.waiters.popleft()()
@@ -612,6 +703,16 @@ class Engine(QueueOperations):
                 f"too many subscriptions (limit {self.config.limits.max_subscriptions})",
                 ErrorCode.TOO_MANY,
             )
+
+
+_ANONYMOUS = object()
+EMPTY_GRACE = 5.0
+"""Seconds a topic that never held a message is kept without subscribers (``retire``)."""
+
+
+def _holder(owner: Any, address: str) -> Any:
+    """Whose cap a session counts against: its user's, or (anonymous) its address's."""
+    return owner if owner is not None else (_ANONYMOUS, address)
 
 
 __all__ = ["Engine"]

@@ -15,6 +15,7 @@ from collections import deque
 from enum import Enum
 from typing import Any, Protocol
 
+from ..control.budget import Budget
 from .buffers import FrameBuffer
 from .topics import PrivateSub, Sub
 
@@ -85,6 +86,9 @@ class Session:
         "data",
         "parked",
         "resuming",
+        "may_publish",
+        "address",
+        "inbound",
         "__weakref__",
     )
 
@@ -135,6 +139,14 @@ class Session:
         """Ring subscriptions held, with their cursors, while a resuming frame is handled."""
         self.resuming = 0
         """Resuming frames being handled (a client may give up on one and resume again)."""
+        self.may_publish: dict[str, tuple[int, str] | None] | None = None
+        """The subscribe handler's verdict on PUBLISH per topic (server/dispatch.py), once
+        asked: None allowed, else the refusal's code and reason."""
+        self.inbound: Budget | None = None
+        """Its input work budget (control/budget.py), made with its first frame."""
+        self.address = ""
+        """The client address it was opened from (what ``max_sessions_per_address`` counts
+        for anonymous sessions)."""
 
     def has_work(self) -> bool:
         return bool(self.direct) or bool(self.pending)

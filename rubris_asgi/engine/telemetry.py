@@ -152,6 +152,7 @@ class Telemetry:
         "longpoll",
         "longpoll_ready",
         "retired_seqs",
+        "topics_retired",
         "sessions_opened",
         "sessions_resumed",
         "naks",
@@ -172,6 +173,8 @@ class Telemetry:
         self.retired_seqs = 0
         """The seqs of shared topics forgotten: their publishes, which ``published`` adds to
         the live topics' seqs (counted so, not per publish, to keep publish lean)."""
+        self.topics_retired = 0
+        """Topics forgotten because nobody needed them any more (``Engine.retire``)."""
         self.sessions_opened = 0
         self.sessions_resumed = 0
         self.naks = 0

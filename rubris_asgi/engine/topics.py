@@ -69,6 +69,9 @@ class SharedTopic:
         "stamp",
         "stamps",
         "compress_at",
+        "keep",
+        "app",
+        "pattern",
         "_on_dirty",
     )
 
@@ -106,6 +109,14 @@ class SharedTopic:
         self.stamp = 0.0
         self.stamps: list[float] = [0.0] * self.cap
         self.compress_at = compress_at
+        self.keep: float | None = None
+        """Seconds this topic outlives its last publish with no subscriber, once the
+        application published to it (None: for ever); see ``Engine.retire``."""
+        self.app = False
+        """The application published to it (``Rubris.publish``, the HTTP API), not only
+        clients: then ``keep`` applies, else the shorter window of what clients made."""
+        self.pattern = ""
+        """The channel it belongs to (what ``max_topics`` of a channel counts)."""
         self._on_dirty = on_dirty
 
     def publish(self, payload: bytes, compressed: bool, stamp: float) -> int:

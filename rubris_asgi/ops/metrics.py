@@ -52,6 +52,7 @@ class Reported(Protocol):
 _COUNTERS = (
     ("sessions_opened", "Sessions opened (a resume is not a new session)."),
     ("sessions_resumed", "Sessions resumed by a new connection."),
+    ("topics_retired", "Shared topics forgotten because nobody needed them any more."),
     ("published_messages", "Messages published to shared topics."),
     ("messages_delivered", "Messages put into frames, of every kind."),
     ("frames", "Frames handed to transports."),

@@ -101,6 +101,7 @@ class Observer:
             "counters": {
                 "sessions_opened": tel.sessions_opened,
                 "sessions_resumed": tel.sessions_resumed,
+                "topics_retired": tel.topics_retired,
                 "published_messages": tel.published(e.topics.values()),
                 "messages_delivered": cycle.messages,
                 "frames": cycle.frames,

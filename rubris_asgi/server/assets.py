@@ -6,7 +6,9 @@ is ever served (no path is joined from the URL). Responses carry ``Cache-Control
 with the ETag: a browser keeps its copy and revalidates it on each page load, getting a
 bodiless 304 while the file is unchanged and the new file right after an upgrade. Long-lived
 ``immutable`` caching would need hashed file names, which means a build step, and the client
-is deliberately buildless.
+is deliberately buildless. Every answer carries ``X-Content-Type-Options: nosniff`` (a browser
+runs the file as the script it says it is, never sniffs it into something else) and a
+Content-Security-Policy (hardening.py: ``SCRIPT_CSP``, ``DATA_CSP`` for the 404's text).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
+
+from .hardening import DATA_HEADERS, NOSNIFF, SCRIPT_CSP
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 _JS = "text/javascript; charset=utf-8"
@@ -55,8 +59,13 @@ class Assets:
     def response(self, request: Request, name: str) -> Response:
         asset = self.files.get(name)
         if asset is None:
-            return PlainTextResponse(f"no such file: {name[:80]}", status_code=404)
-        headers = {"ETag": asset.etag, "Cache-Control": "no-cache"}
+            return PlainTextResponse(f"no such file: {name[:80]}", 404, DATA_HEADERS)
+        headers = {
+            "ETag": asset.etag,
+            "Cache-Control": "no-cache",
+            "X-Content-Type-Options": NOSNIFF,
+            "Content-Security-Policy": SCRIPT_CSP,
+        }
         if _matches(request.headers.get("if-none-match"), asset.etag):
             return Response(status_code=304, headers=headers)
         body = b"" if request.method == "HEAD" else asset.body

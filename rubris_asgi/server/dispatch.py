@@ -18,6 +18,7 @@ import orjson
 
 from ..cluster import Broker, LocalBroker
 from ..config import Config
+from ..control.budget import Budget
 from ..engine.channels import Channel, Registry
 from ..engine.engine import Engine
 from ..engine.flow import on_nak
@@ -88,6 +89,11 @@ class Dispatcher:
         for msg in msgs:
             if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
                 return
+            b = s.inbound
+            if b is not None and b.level < 0.0:  # over its input budget: slowed to it
+                await self.pay(s)
+                if s.state in ENDED:  # while it waited
+                    return
             if not isinstance(msg, _CLIENT_KINDS):
                 raise ProtocolError(
                     f"a client may not send {type(msg).__name__.upper()} here", ErrorCode.PROTOCOL
@@ -121,10 +127,34 @@ class Dispatcher:
         finally:
             self.engine.unpark(s)
 
-    def _payload(self, data: bytes, compressed: bool) -> Any:
+    # the input budget (control/budget.py)
+
+    def spend(self, s: Session, nbytes: int) -> None:
+        """Count ``nbytes`` of input decoded or inflated for ``s`` against its budget."""
+        now = self.engine.clock()
+        b = s.inbound
+        if b is None:
+            rate = self.config.limits.inbound_rate
+            b = s.inbound = Budget(rate, rate, now)
+        b.spend(nbytes, now)
+
+    async def pay(self, s: Session) -> None:
+        """Wait out ``s``'s debt, if any, before its connection is read again."""
+        b = s.inbound
+        if b is not None:
+            wait = b.wait(self.engine.clock())
+            if wait > 0.0:
+                await asyncio.sleep(wait)
+
+    def _inflate(self, s: Session, data: bytes) -> bytes:
+        data = inflate(data, self.config.limits.max_inflated, self.decompressor)
+        self.spend(s, len(data))
+        return data
+
+    def _payload(self, s: Session, data: bytes, compressed: bool) -> Any:
         """The JSON value of a client payload (inflated under the limit); None when empty."""
         if compressed:
-            data = inflate(data, self.config.limits.max_inflated, self.decompressor)
+            data = self._inflate(s, data)
         if not data:
             return None
         try:
@@ -147,7 +177,7 @@ class Dispatcher:
             return
         ch, kwargs = found
         try:
-            params = self._payload(m.params, m.compressed)
+            params = self._payload(s, m.params, m.compressed)
             last = _last(params) if ch.shared else 0
         except ProtocolError as exc:
             e.reject(s, m.req, exc.code, str(exc))
@@ -212,12 +242,28 @@ class Dispatcher:
         if found is None or not found[0].client_publish:
             e.reject(s, m.req, ErrorCode.UNKNOWN, "unknown topic")
             return
-        ch = found[0]
+        ch, kwargs = found
+        if not ch.hook_wants_payload:  # decided before any inflating or parsing
+            refused = await self._may_publish(s, m.name, ch, kwargs, b"")
+            if refused is not None:
+                e.reject(s, m.req, *refused)
+                return
         try:
             payload = m.payload
             if m.compressed:
-                payload = inflate(payload, self.config.limits.max_inflated, self.decompressor)
+                payload = self._inflate(s, payload)
             payload = _checked_payload(ch.codec, payload)
+        except ProtocolError as exc:
+            e.reject(s, m.req, exc.code, str(exc))
+            return
+        if ch.hook_wants_payload:
+            refused = await self._may_publish(s, m.name, ch, kwargs, payload)
+            if refused is not None:
+                e.reject(s, m.req, *refused)
+                return
+        if s.state in ENDED:  # while the application decided
+            return
+        try:
             if ch.mode == Mode.QUEUE:  # an item, straight into its queue (O(1), bounded)
                 e.check_item(len(payload))
                 self._enqueue(s, m, e.queue_of(m.name, ch, self.registry), payload)
@@ -235,6 +281,51 @@ class Dispatcher:
             e.reject(s, m.req, ErrorCode.TOO_MANY, down)
         elif not e.offer([(t, payload)], s):
             e.reject(s, m.req, ErrorCode.TOO_MANY, f"ingest full ({e.intake.fill} %)")
+
+    async def _may_publish(
+        self, s: Session, name: str, ch: Channel, kwargs: dict[str, str], payload: bytes
+    ) -> tuple[int, str] | None:
+        """None when ``s`` may PUBLISH to ``name``; else the REJECTED's code and reason.
+
+        The channel's publish hook decides each PUBLISH. Without one, a session may publish
+        where it may subscribe: where it holds a subscription (its handler accepted it), or
+        where the subscribe handler, asked once for this session and topic, accepts it (its
+        value ignored). That verdict is remembered for the session's life, for at most
+        ``max_subscriptions`` topics (past that the handler is asked each time)."""
+        hook = ch.publish_hook
+        if hook is None and name in s.names:
+            return None
+        known = s.may_publish
+        if hook is None and known is not None and name in known:
+            return known[name]
+        verdict: tuple[int, str] | None = None
+        try:
+            if hook is not None:
+                args: dict[str, Any] = dict(kwargs)
+                if ch.hook_wants_payload:
+                    args["payload"] = payload
+                got = hook(s, **args)
+                if inspect.isawaitable(got):
+                    got = await got
+                if got is False:
+                    verdict = (ErrorCode.NOT_AUTHORISED, "not allowed to publish here")
+                return verdict
+            if ch.handler is not None:
+                args = {**kwargs, "params": None} if ch.wants_params else dict(kwargs)
+                got = ch.handler(s, **args)
+                if inspect.isawaitable(got):
+                    await got
+        except Reject as r:
+            verdict = (r.code, r.reason)
+        except Exception:  # the application's bug: refused, logged, not remembered
+            log.exception("publish check for %r failed", name)
+            return (ErrorCode.REJECTED, "publish check failed")
+        if hook is None:
+            if known is None:
+                known = s.may_publish = {}
+            if len(known) < self.config.limits.max_subscriptions:
+                known[name] = verdict
+        return verdict
 
     def _enqueue(self, s: Session, m: Publish, q: QueueTopic, payload: bytes) -> None:
         """A queue PUBLISH: the item into ``q``, its producer told the fill with FLOW (protocol
@@ -267,7 +358,7 @@ class Dispatcher:
             self._error(s, m.call, ErrorCode.TOO_MANY, "too many calls in flight")
             return
         try:
-            args = self._payload(m.payload, m.compressed)
+            args = self._payload(s, m.payload, m.compressed)
         except ProtocolError as exc:
             self._error(s, m.call, exc.code, str(exc))
             return

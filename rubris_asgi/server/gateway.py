@@ -119,8 +119,11 @@ class Gateway:
             )
         return decode_frame(data)
 
-    def open_or_resume(self, msgs: list[Message], user: Any) -> tuple[Session, bool]:
-        """Settle the HELLO that starts ``msgs``: the session it resumes, or a new one.
+    def open_or_resume(
+        self, msgs: list[Message], user: Any, address: str = ""
+    ) -> tuple[Session, bool]:
+        """Settle the HELLO that starts ``msgs``: the session it resumes, or a new one
+        (``address``: the client's, what anonymous sessions are capped by).
 
         A resumed session leaves the connection that carried it before (its sink is told it
         was superseded), so the caller can attach it to the new one.
@@ -133,7 +136,7 @@ class Gateway:
             if s is not None:
                 self._take(s)
                 return s, True
-        return engine.open_session(user, key), False
+        return engine.open_session(user, key, address), False
 
     def resume(self, msgs: list[Message], owner_tag: str) -> Session | None:
         """The session the HELLO of ``msgs`` resumes, taken from its connection, for a request
@@ -179,6 +182,13 @@ def _hello(msgs: list[Message]) -> Hello:
             ErrorCode.UNSUPPORTED_VERSION,
         )
     return hello
+
+
+def client_address(conn: HTTPConnection) -> str:
+    """The client's address as the server gives it (behind a proxy, the forwarded one when
+    the server trusts the proxy: uvicorn's ``forwarded_allow_ips``)."""
+    client = conn.client
+    return client.host if client is not None else ""
 
 
 def resumed_id(msgs: list[Message]) -> str:

@@ -22,7 +22,8 @@ from ..engine.buffers import FrameBuffer
 from ..engine.session import Session, SessionState
 from ..errors import BrokerUnavailable, ErrorCode, ProtocolError
 from ..protocol import Message
-from .gateway import Gateway, resumed_id
+from .gateway import Gateway, client_address, resumed_id
+from .hardening import BodyTimeout, BodyTooLarge, receive_body
 from .quiet_log import QuietPolls
 
 FRAME_HEADER = "Rubris-Frame"
@@ -80,7 +81,7 @@ class LongPollTransport:
                 answer = await self._forward(node, OPEN, {"key": Gateway.owner_tag(user)}, body)
                 if answer.status != 404:
                     return answer.response()
-            s, resumed = gateway.open_or_resume(msgs, user)
+            s, resumed = gateway.open_or_resume(msgs, user, client_address(request))
             return (await self._open(s, resumed, msgs)).response()
         except ProtocolError as exc:
             return self._error(exc)
@@ -112,7 +113,9 @@ class LongPollTransport:
 
     async def _post(self, lp: LongPollSession, body: bytes) -> Answer:
         gateway = self.gateway
+        gateway.dispatcher.spend(lp.session, len(body))
         await gateway.dispatcher.handle(lp.session, gateway.decode_client_frame(body))
+        await gateway.dispatcher.pay(lp.session)  # over its input budget: answered once paid
         return Answer(202)
 
     async def poll(self, request: Request) -> Response:
@@ -243,16 +246,17 @@ class LongPollTransport:
         return lp
 
     async def _read_body(self, request: Request) -> bytes:
-        limit = self.gateway.config.limits.max_inbound_frame
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ProtocolError(f"frame over the limit of {limit} bytes", ErrorCode.TOO_LARGE)
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ProtocolError(f"frame over the limit of {limit} bytes", ErrorCode.TOO_LARGE)
-        return bytes(body)
+        """A POST's frame: 413 over ``max_inbound_frame``; ``BodyTimeout`` (408) when it has
+        not all come within ``Timing.body_timeout``, so that a client dribbling its body
+        cannot hold the request (hardening.py)."""
+        config = self.gateway.config
+        limit = config.limits.max_inbound_frame
+        try:
+            return await receive_body(request, limit, config.timing.body_timeout)
+        except BodyTooLarge:
+            raise ProtocolError(
+                f"frame over the limit of {limit} bytes", ErrorCode.TOO_LARGE
+            ) from None
 
     def _owned(self, sid: str, user: Any) -> LongPollSession:
         """The long-poll session ``sid``, if it belongs to ``user``; else 404 for all cases."""
@@ -342,15 +346,19 @@ class Answer:
             return Response(self.body, media_type=_OCTETS)
         if self.status in (202, 204):
             return Response(status_code=self.status)
-        return PlainTextResponse(self.body.decode(errors="replace"), status_code=self.status)
+        # a body too slow is not waited for: the connection closes (RFC 9110, 408)
+        headers = {"Connection": "close"} if self.status == 408 else None
+        return PlainTextResponse(self.body.decode(errors="replace"), self.status, headers)
 
     def head(self) -> Head:
         return {"status": self.status, "frame": self.frame}
 
     @classmethod
     def refusal(cls, exc: ProtocolError) -> Answer:
-        """Bad input as HTTP: the status its protocol code maps to, the reason as text."""
-        return cls(_STATUS.get(exc.code, 400), f"{exc} (code {int(exc.code)})".encode())
+        """Bad input as HTTP: the status its protocol code maps to (a body too slow: 408),
+        the reason as text."""
+        status = exc.status if isinstance(exc, BodyTimeout) else _STATUS.get(exc.code, 400)
+        return cls(status, f"{exc} (code {int(exc.code)})".encode())
 
 
 def _ack(raw: str) -> int:

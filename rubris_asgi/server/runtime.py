@@ -24,6 +24,8 @@ log = logging.getLogger("rubris_asgi")
 
 BROKER_SWEEP = 5.0
 """Seconds between the broker's upkeep (topics left without subscribers, the position check)."""
+RETIRE_EVERY = 1.0
+"""Seconds between walks of the topics without subscribers (``Engine.retire``)."""
 QUEUE_TICK = 0.005
 """Seconds between server-side CoDel checks: well under CoDel's interval / sqrt(count) steps."""
 NO_QUEUE_TICK = 0.25
@@ -106,11 +108,11 @@ async def housekeeping(
     broker: Broker,
 ) -> None:
     """Expire detached sessions and idle long-poll sessions; end sessions blocked too long;
-    close WebSockets silent for twice the heartbeat; the broker's upkeep every
-    ``BROKER_SWEEP`` seconds."""
+    close WebSockets silent for twice the heartbeat; retire the topics nobody needs every
+    ``RETIRE_EVERY`` seconds; the broker's upkeep every ``BROKER_SWEEP`` seconds."""
     timing = config.timing
     writer = config.writer
-    swept = engine.clock()
+    swept = retired = engine.clock()
     while True:
         await asyncio.sleep(min(0.25, timing.session_timeout / 4, writer.max_blocked / 4))
         now = engine.clock()
@@ -118,6 +120,16 @@ async def housekeeping(
         longpoll.expire(now)
         await websocket.close_blocked(now)
         websocket.close_silent(now)
+        if now - retired >= RETIRE_EVERY:
+            retired = now
+            engine.retire(now, broker.follows)
         if now - swept >= BROKER_SWEEP:
             swept = now
             broker.sweep(now)
+
+
+async def reauthentication(websocket: WebSocketTransport, every: float) -> None:
+    """``Timing.reauthenticate``: every connected session's user checked again this often."""
+    while True:
+        await asyncio.sleep(every)
+        await websocket.reauthenticate()

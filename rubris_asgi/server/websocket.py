@@ -32,7 +32,7 @@ from ..engine.session import Session, SessionState
 from ..errors import ErrorCode, ProtocolError
 from ..protocol import SUBPROTOCOL, Goodbye, encode
 from .direct import DirectSocket, Outbox, direct_socket
-from .gateway import CLOSE_CODES, Gateway, resumed_id
+from .gateway import CLOSE_CODES, Gateway, client_address, resumed_id
 from .relay import HomeUnreachable, Relays
 
 log = logging.getLogger("rubris_asgi")
@@ -90,6 +90,34 @@ class WebSocketTransport:
         for conn in list(self.connections):
             if not conn.closed and now - conn.heard > limit:
                 conn.fell_silent()
+
+    async def reauthenticate(self) -> int:
+        """Ask ``authenticate`` again about each connected session's user, with the request
+        that opened its connection (``Timing.reauthenticate``): a ``Reject``, or another
+        user than the session's, ends the session with GOODBYE 4. Returns how many ended.
+        One connection after the other, so a slow hook is never called for thousands at
+        once; a hook that fails otherwise (a bug) is logged and leaves the session be."""
+        gateway = self.gateway
+        ended = 0
+        for conn in list(self.connections):
+            s = conn.session
+            if conn.closed or s is None or s.state is not SessionState.CONNECTED:
+                continue
+            try:
+                user = await gateway.authenticate(conn.ws)
+            except ProtocolError as exc:
+                reason = str(exc)
+            except Exception:
+                log.exception("authenticate failed while checking session %s…", s.id[:8])
+                continue
+            else:
+                if gateway.user_key(user) == s.owner:
+                    continue
+                reason = "no longer authenticated as this session's user"
+            if s.state is SessionState.CONNECTED:
+                gateway.engine.close_session(s, ErrorCode.NOT_AUTHORISED, reason)
+                ended += 1
+        return ended
 
     async def abort_all(self, code: int, reason: str) -> None:
         """GOODBYE ``code`` and close every connection, without waiting on their sockets."""
@@ -314,14 +342,19 @@ class WebSocketConnection:
                 clock = gateway.engine.clock
                 receive = self._receive
                 handle = gateway.dispatcher.handle
+                spend = gateway.dispatcher.spend
+                pay = gateway.dispatcher.pay
                 while not self.closed:
                     msg = await receive()
                     if msg["type"] == "websocket.disconnect" or self.closed:
                         break
                     self.heard = clock()
-                    await handle(s, gateway.decode_client_frame(self._frame_bytes(msg)))
+                    frame = self._frame_bytes(msg)
+                    spend(s, len(frame))
+                    await handle(s, gateway.decode_client_frame(frame))
                     if s.state is SessionState.CLOSED:
                         break
+                    await pay(s)  # over its input budget: not read again until paid
         except (WebSocketDisconnect, asyncio.TimeoutError):
             pass
         except HomeUnreachable as exc:  # no session here: the client tries again, resuming
@@ -355,7 +388,7 @@ class WebSocketConnection:
         if home and relays is not None:
             if await relays.carry(self.ws, home, frame, gateway.owner_tag(user)):
                 return None
-        s, resumed = gateway.open_or_resume(msgs, user)
+        s, resumed = gateway.open_or_resume(msgs, user, client_address(self.ws))
         s.transport = "websocket"
         self.session = s
         await self.ws.send_bytes(gateway.welcome(s, resumed))

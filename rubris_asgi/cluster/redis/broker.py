@@ -289,6 +289,9 @@ class RedisBroker(Broker):
 
     # publishing
 
+    def follows(self, name: str) -> bool:
+        return name in self._following
+
     def accepting(self, messages: int, nbytes: int) -> bool:
         return self.reach.up and self.outbox.room(messages, nbytes)
 

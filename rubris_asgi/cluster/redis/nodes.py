@@ -51,6 +51,9 @@ REFUSING = (OutOfMemoryError, ReadOnlyError, MasterDownError, TryAgainError)
 ``maxmemory-policy noeviction``, a replica (the master failed over), a replica cut off from its
 master, a busy key. Nothing was written (Redis refuses a script at its first write, so none
 ran half-way): retried as for ``DOWN``, and reported as what it is."""
+LIVE = 30.0
+"""Seconds since its last heartbeat within which a node counts as live (``live``): past any
+``node_timeout`` a deployment sets, so a node paused for a while is still asked."""
 RETRIED = (*DOWN, *REFUSING)
 """What a call to Redis is tried again on, after a pause (``Reach.until_answered``)."""
 
@@ -147,6 +150,20 @@ class RedisNodeLink(NodeLink):
         finally:
             await pool.release(conn)
         return int(receivers)
+
+    async def live(self) -> list[str]:
+        """The nodes whose last heartbeat (``P seen``) is younger than ``LIVE`` by Redis's
+        clock: those a request to every node asks. Raises what Redis raises."""
+        pipe = self._client().pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(self.prefix + "seen", 0, -1, withscores=True)
+        (now_s, now_us), seen = await pipe.execute()
+        now = now_s * 1000 + now_us // 1000
+        return [
+            n.decode() if isinstance(n, bytes) else str(n)
+            for n, at in seen
+            if now - float(at) <= LIVE * 1000
+        ]
 
     async def silent(self, node: str, seconds: float) -> bool:
         """Whether ``node``'s last heartbeat (``P seen``, written by queues.py's ``BEAT`` and

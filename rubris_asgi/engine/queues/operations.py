@@ -52,11 +52,15 @@ class QueueOperations:
     on_item_end: Callable[[str, bool], None] | None
     _item_max: int
     _numbers: Any
+    per_channel: dict[str, int]
 
     def direct(self, s: Session, msg: bytes) -> None:
         raise NotImplementedError  # Engine's
 
     def _check_room(self, s: Session) -> None:
+        raise NotImplementedError  # Engine's
+
+    def _count_in(self, ch: Channel) -> None:
         raise NotImplementedError  # Engine's
 
     def _send_flow(self, fill: int, publishers: list[Any]) -> None:
@@ -82,6 +86,7 @@ class QueueOperations:
         settings = ch.queue_settings or QueueSettings()
         if len(self.topics) + len(self.queues) >= self.config.limits.max_topics:
             raise ProtocolError("too many topics on this server", ErrorCode.TOO_MANY)
+        self._count_in(ch)
         q = QueueTopic(
             name,
             next(self._numbers),
@@ -93,6 +98,7 @@ class QueueOperations:
             on_item_end=self.on_item_end,
         )
         self.queues[name] = q
+        self.per_channel[ch.pattern] = self.per_channel.get(ch.pattern, 0) + 1
         if self.queue_home is not None:  # several nodes: its items wait in their home
             q.rehome(self.queue_home)
         dl = settings.dead_letter

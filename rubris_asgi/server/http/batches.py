@@ -11,8 +11,10 @@
     GET  {mount}/api/batches/{id}            -> the batch's status
 
 A status is ``{"state", "total", "done", "failed", "completed"}``. Authentication is the rest of
-the API's (bearer token, then the ``authorize_api`` hook, asked with ``batch.{id}`` for each
-batch a request touches, for an open with the id it is about to get). Errors change nothing:
+the API's (a browser page's origin, the bearer token, then the ``authorize_api`` hook, asked
+with ``batch.{id}`` for each batch a request touches, for an open with the id it is about to
+get). Where the batch is in the path, the hook is asked before the body is read; where it is in
+the body (an open with a body, ack, fail) the hook is first asked ``"$api"``. Errors change nothing:
 400 malformed (naming the item's ``index``), 404 unknown batch, 409 adding to a sealed batch.
 Every answer carries ``Rubris-Fill`` like the rest of the API.
 """
@@ -29,7 +31,8 @@ from starlette.routing import BaseRoute, Route
 from ...batches.ids import BATCH_ID, ItemRef, new_batch_id, parse_item
 from ...batches.service import Batches
 from ...errors import BatchError
-from .guard import _JSON, FILL_HEADER, Refusal, json_body
+from ..hardening import may_have_body
+from .guard import _JSON, Refusal, answer_headers, json_body
 from .publish import HttpApi
 
 
@@ -56,7 +59,8 @@ class BatchApi:
 
     async def open(self, request: Request) -> Response:
         try:
-            await self._admit(request)
+            # the id, if the producer chose one, is in the body: asked "$api" when one may come
+            await self._admit(request, body=may_have_body(request))
             body = await self._object(request, required=False)
             extra = body.keys() - {"batch"}
             if extra:
@@ -112,7 +116,7 @@ class BatchApi:
     async def _end(self, request: Request, failed: bool) -> Response:
         refs: list[ItemRef] = []
         try:
-            await self._admit(request)
+            await self._admit(request, body=True)
             body = await self._object(request)
             extra = body.keys() - {"items"}
             if extra:
@@ -139,13 +143,12 @@ class BatchApi:
 
     # checks
 
-    async def _admit(self, request: Request) -> None:
-        if not self.api.accepting:
-            raise Refusal(503, "server shutting down")
-        self.api.check_token(request)
+    async def _admit(self, request: Request, *, body: bool) -> None:
+        await self.api.admit(request, body=body)
 
     async def _batch(self, request: Request) -> str:
-        await self._admit(request)
+        """The batch of the path, authorised before anything of the body is read."""
+        await self._admit(request, body=False)
         batch: str = request.path_params["batch"]
         if not BATCH_ID.match(batch):
             raise Refusal(404, f"unknown batch {batch[:80]!r}")
@@ -167,14 +170,11 @@ class BatchApi:
     # answers
 
     def _answer(self, body: dict[str, Any], status: int = 200) -> Response:
-        fill = str(self.api.engine.intake.fill)
-        return Response(orjson.dumps(body), status, {FILL_HEADER: fill}, media_type=_JSON)
+        headers = answer_headers(status, self.api.engine.intake.fill)
+        return Response(orjson.dumps(body), status, headers, media_type=_JSON)
 
     def _refused(self, exc: Refusal | BatchError) -> Response:
         if isinstance(exc, BatchError):
             exc = Refusal(exc.status, exc.reason)
         self.api.engine.telemetry.api_refusals[exc.status] += 1
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
-        response = self._answer({"error": exc.error, "index": exc.index}, exc.status)
-        response.headers.update(headers)
-        return response
+        return self._answer({"error": exc.error, "index": exc.index}, exc.status)

@@ -11,10 +11,12 @@ and for ``enqueue`` the fullest queue's fill when that is higher.
 
 The API is off unless the application configures who may use it: a bearer token
 (``Rubris(api_token=...)``: 401 without it), an authorisation hook
-(``Rubris(authorize_api=f)``, ``f(request, topic) -> bool``, may be async, asked once per topic
-of a request: 403 when it says no or raises ``Reject``), or both (the token first). Those
-checks, the body limit and the shape of every refusal are the API's guard (guard.py), which
-``HttpApi`` is and the other routes of the API use through it.
+(``Rubris(authorize_api=f)``, ``f(request, name) -> bool``, may be async: 403 when it says no
+or raises ``Reject``), or both (the token first). The hook is asked twice over: with ``"$api"``
+before the body is read (may this caller send a body at all? guard.API), then once per topic
+the body names. A browser page of another origin is refused (403) before either. Those
+checks, the body's limits (size: 413, time: 408) and the shape of every refusal are the API's
+guard (guard.py), which ``HttpApi`` is and the other routes of the API use through it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from ...engine.engine import Engine
 from ...engine.queues import QueueTopic
 from ...errors import BatchError, MessageTooLarge, ProtocolError
 from ...protocol import Codec, Mode
-from .guard import _JSON, Guard, Refusal, json_body
+from .guard import _JSON, Guard, OriginAllowed, Refusal, json_body, same_origin
 from .guard import AuthorizeApi as AuthorizeApi  # the hook's type, as app.py names it
 
 _Item = tuple[QueueTopic, bytes, "str | None", "str | None"]
@@ -71,12 +73,16 @@ class HttpApi(Guard):
         authorize: AuthorizeApi | None = None,
         broker: Broker | None = None,
         batches: Batches | None = None,
+        origin_allowed: OriginAllowed = same_origin,
     ) -> None:
         self.engine = engine
         self.registry = registry
         self.config = config
         self._token = token.encode() if token is not None else None
         self._authorize = authorize
+        self._origin_allowed = origin_allowed
+        """Which browser pages may use the API: the transports' rule (``Rubris(allowed_origins=
+        ...)`` besides the page's own origin), given by the app."""
         self.batches = batches
         """Batch tracking, for ``batch_item`` (None: off)."""
         self._batch_lock = asyncio.Lock()
@@ -107,9 +113,7 @@ class HttpApi(Guard):
     async def publish(self, request: Request) -> Response:
         """POST {mount}/api/publish."""
         try:
-            if not self.accepting:
-                raise Refusal(503, "server shutting down")
-            self.check_token(request)
+            await self.admit(request, body=True)
             if not self.engine.intake.room(1, 0):
                 return self._full()  # before the body is read and parsed: a flood costs little
             body = await self.read_body(request)
@@ -135,9 +139,7 @@ class HttpApi(Guard):
         batch, see ``_enqueue_in_batch``)."""
         queues: list[QueueTopic] = []
         try:
-            if not self.accepting:
-                raise Refusal(503, "server shutting down")
-            self.check_token(request)
+            await self.admit(request, body=True)
             batch = self._batch_param(request)
             body = await self.read_body(request)
             entries = self._parse(request.headers.get("content-type", ""), body)

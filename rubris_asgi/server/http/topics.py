@@ -27,8 +27,9 @@ With several workers sharing their topics through Redis, any worker answers: it 
 topic (reads its epoch, seq and ring from Redis, then hears every publish) while it is read,
 so the answer is the same whichever worker takes the request.
 
-Access is checked as for publishing: the bearer token (401), then the ``authorize_api`` hook
-asked with the topic (403; the hook tells a read by ``request.method == "GET"``). Only topics
+Access is checked as for publishing: a browser page's origin (403), the bearer token (401),
+then the ``authorize_api`` hook asked with the topic (403; the hook tells a read by
+``request.method == "GET"``; a GET has no body, so the hook is not asked ``"$api"``). Only topics
 of shared channels can be read (404 for the rest, private and queue topics included); reading a
 topic that does not exist yet creates it empty, as a subscriber would.
 """
@@ -48,7 +49,7 @@ from ...errors import BrokerUnavailable, ProtocolError
 from ...protocol import COMPRESSED, Codec
 from ...protocol.deflate import inflate
 from ...protocol.wire import read_uv
-from .guard import FILL_HEADER, Refusal
+from .guard import Refusal, answer_headers
 from .publish import HttpApi
 
 MAX_LIMIT = 10_000
@@ -78,9 +79,7 @@ class TopicApi:
         """GET {mount}/api/topics/{name}?after=&epoch=&limit=."""
         api = self.api
         try:
-            if not api.accepting:
-                raise Refusal(503, "server shutting down")
-            api.check_token(request)
+            await api.admit(request, body=False)
             name = request.path_params["name"]
             if len(name.encode()) > api.config.limits.max_topic_name:
                 raise Refusal(400, "topic name too long")
@@ -106,7 +105,7 @@ class TopicApi:
         fill = api.engine.intake.fill
         budget = api.config.limits.api_body
         body = answer(topic, after, limit or DEFAULT_LIMIT, budget, fill)
-        headers = {FILL_HEADER: str(fill), "Cache-Control": "no-store"}
+        headers = {**answer_headers(200, fill), "Cache-Control": "no-store"}
         return Response(body, 200, headers, media_type="application/json")
 
 

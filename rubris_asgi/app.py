@@ -418,7 +418,7 @@ class Rubris:
 
     def queue_stats(self, name: str) -> QueueStats:
         """Counters and gauges of the queue topic ``name`` (``KeyError`` if it has not been
-        used yet)."""
+        used yet, or was retired: made by clients only, and nobody needed it any more)."""
         return self.engine.queues[name].snapshot()
 
     def send_nowait(self, session: Session, name: str, value: Any) -> int:

@@ -22,6 +22,7 @@ from rubris_asgi.control.budget import Budget
 from rubris_asgi.engine.channels import Registry
 from rubris_asgi.engine.engine import Engine
 from rubris_asgi.protocol import (
+    Goodbye,
     Hello,
     Ping,
     Pong,
@@ -34,7 +35,14 @@ from rubris_asgi.protocol import (
 )
 
 from .server import run_server
-from .wirekit import expect_goodbye_and_close, recv_until, ws_hello, ws_open
+from .wirekit import (
+    expect_goodbye_and_close,
+    lp_collect,
+    lp_hello,
+    recv_until,
+    ws_hello,
+    ws_open,
+)
 
 # ------------------------------------------------------------------ the app under attack
 
@@ -343,6 +351,24 @@ async def test_disconnect_by_session_id_and_of_a_session_waiting_for_resume() ->
         assert w.session not in rubris.engine.sessions
 
 
+async def test_disconnect_ends_a_long_poll_session_with_its_goodbye() -> None:
+    rubris = chat_app(timing=Timing(poll_timeout=1.0))
+    async with run_server(app_of(rubris)) as base:
+        headers = {"x-user": "ivan"}
+        async with httpx.AsyncClient(base_url=base + "/rubris", timeout=10, headers=headers) as c:
+            w = await lp_hello(c)
+            assert await rubris.disconnect(user="ivan", reason="banned") == 1
+            bye = await lp_collect(c, w.session, lambda m: isinstance(m, Goodbye))
+            assert isinstance(bye, Goodbye) and (bye.code, bye.reason) == (4, "banned")
+            for _ in range(100):  # ended once its GOODBYE is taken: the id finds nothing
+                r = await c.get(f"/lp/{w.session}", params={"ack": 1})
+                if r.status_code == 404:
+                    break
+                await asyncio.sleep(0.05)
+            assert r.status_code == 404
+            assert w.session not in rubris.engine.sessions
+
+
 async def test_reauthentication_ends_a_session_whose_user_is_refused_now() -> None:
     rubris = chat_app(timing=Timing(reauthenticate=0.2))
     async with run_server(app_of(rubris)) as base:
@@ -389,3 +415,37 @@ async def test_a_client_inflating_past_its_budget_is_slowed_to_it() -> None:
             assert time.monotonic() - started >= 1.5
         t = rubris.engine.topics.get("chat.x")
         assert t is not None and t.seq == 12  # slowed, nothing refused
+
+
+def test_a_queue_only_clients_made_is_retired_once_nobody_needs_it() -> None:
+    from rubris_asgi.engine.queues import QueueSettings
+
+    clock = Clock()
+    config = Config(timing=Timing(session_timeout=30.0))
+    e = Engine(config, clock=clock)
+    reg = Registry(max_topics=2)
+    reg.queue("jobs.{x}", QueueSettings(dead_letter="dead"))(lambda session, x: None)
+    reg.queue("dead", QueueSettings())(lambda session: None)
+    reg.freeze()
+    made = reg.match("jobs.a")
+    assert made is not None
+    q = e.queue_of("jobs.a", made[0], reg)  # a consumer's SUBSCRIBE, or a client's PUBLISH
+    kept = e.queue_named("jobs.b", reg)  # the application's
+    s = e.open_session()
+    sub = e.subscribe_queue(s, q, 1, None)
+    e.enqueue(q, {"n": 1}, item_id="k1")
+    clock.now += 100
+    assert e.retire(clock.now, never) == 0  # consumed
+    e.unsubscribe(s, sub.number)
+    clock.now += 31
+    assert e.retire(clock.now, never) == 0  # an item waits (given back by the consumer)
+    q.ready.clear()
+    assert e.retire(clock.now, never) == 0  # k1 is inside the dedup window (10 minutes)
+    clock.now += 600
+    assert e.retire(clock.now, never) == 1
+    assert "jobs.a" not in e.queues and set(e.queues) == {"jobs.b", "dead"}
+    assert kept is e.queues["jobs.b"]
+    assert e.per_channel == {"jobs.{x}": 1, "dead": 1}
+    e.queue_of("jobs.c", made[0], reg)  # room again in the channel (max_topics 2)
+    with pytest.raises(ProtocolError):
+        e.queue_of("jobs.d", made[0], reg)

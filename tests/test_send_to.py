@@ -367,3 +367,42 @@ async def test_disconnect_ends_a_users_sessions_on_every_node(url: str) -> None:
             assert dave is not None
             assert await r1.disconnect(session=dave) == 1
             await until(lambda: not r0.engine.sessions, "dave's session ended by node 1")
+
+
+async def test_disconnect_with_redis_away_ends_what_it_can_and_says_what_it_could_not() -> None:
+    """Redis killed: ``disconnect(user=...)`` still ends the user's sessions on this node, then
+    raises ``BrokerUnavailable`` saying how many it ended and that other nodes are unknown; once
+    Redis is back, a second call reaches the other node."""
+
+    def who(conn: Any) -> Any:
+        return conn.headers.get("x-user")
+
+    with RedisServer() as srv:
+        rubrises = [
+            app_rubris(broker=RedisBroker(srv.url), batches=False, authenticate=who)
+            for _ in range(2)
+        ]
+        async with contextlib.AsyncExitStack() as stack:
+            b0, b1 = [
+                await stack.enter_async_context(run_server(starlette_app(r))) for r in rubrises
+            ]
+            r0, r1 = rubrises
+            for b in (b0, b1):
+                c = Client(f"{b}/rubris", transport="websocket", headers={"x-user": "carol"})
+                await stack.enter_async_context(c)
+            await until(lambda: len(r0.engine.sessions) == len(r1.engine.sessions) == 1, "both")
+            srv.kill()
+            with pytest.raises(BrokerUnavailable, match="1 sessions ended here"):
+                await r0.disconnect(user="carol")
+            assert not r0.engine.sessions
+            assert len(r1.engine.sessions) == 1  # not reached: the error says so
+            srv.restart()
+            for _ in range(200):  # the nodes' links come back; a call that raised may still
+                try:  # have ended it there (its answer lost): a repeat is safe, and then says so
+                    await r0.disconnect(user="carol")
+                    break
+                except BrokerUnavailable:
+                    await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("disconnect never reached the other node after the restart")
+            await until(lambda: not r1.engine.sessions, "carol's other session ended")

@@ -7,10 +7,13 @@ session found is ended with GOODBYE ``code`` (4 not authorised, or 10 rejected b
 application) as its last message, then the close that code calls for (1008); one without a
 connection (waiting to be resumed) is forgotten at once, so no resume token brings it back.
 
-A session id names its node, so ending one session asks that node alone. Ending a user's
-sessions asks every node that beat within ``node_timeout`` (``NodeLink.live``); each ends the
-sessions whose owner is that user (compared as ``owner_tag``: ``repr`` of the user's stable
-identity, the same comparison a resume makes across nodes).
+A session id names its node, so ending one session asks that node alone (nobody listening
+there: the node is gone, and its sessions with it). Ending a user's sessions asks every node
+that beat within the last ``LIVE`` seconds (``NodeLink.live``, 30 s); each ends the sessions
+whose owner is that user (compared as ``owner_tag``: ``repr`` of the user's stable identity,
+the same comparison a resume makes across nodes). A node that beat lately but does not listen
+(its connection to Redis coming back, or a crash less than 30 s ago) is unknown, not empty: the
+call says so rather than miss a session it could not see.
 
 **Outcomes.** The call returns how many sessions were ended, on every node asked. When a
 node could not be asked or did not answer, the sessions ended elsewhere stay ended and the
@@ -60,18 +63,18 @@ class SessionEnds:
             home = self.nodes.home_of(session_id)
             targets = [home] if home else []
             ended = 0 if home else self.here(owner_tag, session_id, code, reason)
-        else:
-            targets = [n for n in await self._live() if n != self.nodes.node]
+        else:  # here first: what can be ended is, whatever Redis does next
             ended = self.here(owner_tag, None, code, reason)
+            targets = [n for n in await self._live(ended) if n != self.nodes.node]
         unknown: list[str] = []
         answers = await asyncio.gather(
             *(self.nodes.ask(n, END, head, b"", ASK_TIMEOUT) for n in targets),
             return_exceptions=True,
         )
         for node, answer in zip(targets, answers, strict=True):
-            if isinstance(answer, NodeGone):
-                continue  # nobody listens there: no session of it is open
-            if isinstance(answer, BaseException):
+            if isinstance(answer, NodeGone) and session_id is not None:
+                continue  # nobody listens for the session's own node: it is gone with it
+            if isinstance(answer, BaseException):  # a live node not listening: unknown
                 unknown.append(node)
                 continue
             ended += int(answer[0].get("ended", 0))
@@ -82,11 +85,14 @@ class SessionEnds:
             )
         return ended
 
-    async def _live(self) -> list[str]:
+    async def _live(self, ended: int) -> list[str]:
         try:
             return await self.nodes.live()
-        except Exception as exc:  # Redis away: nothing could be asked
-            raise BrokerUnavailable(f"the other nodes cannot be listed: {exc}") from exc
+        except Exception as exc:  # Redis away: no other node could be asked
+            raise BrokerUnavailable(
+                f"{ended} sessions ended here; the other nodes cannot be listed ({exc}): "
+                "sessions there may still be open, call again"
+            ) from exc
 
     def here(self, owner_tag: str | None, session_id: str | None, code: int, reason: str) -> int:
         """End the matching sessions of this node; how many."""

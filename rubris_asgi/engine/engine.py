@@ -87,6 +87,8 @@ class Engine(QueueOperations):
         self.topics: dict[str, SharedTopic] = {}
         self.idle: dict[SharedTopic, float] = {}
         """Shared topics without a subscriber here, since when: what ``retire`` walks."""
+        self.idle_queues: dict[QueueTopic, float] = {}
+        """Queue topics without a consumer, since when (``retire_queues``)."""
         self.per_channel: dict[str, int] = {}
         """Topics alive per channel pattern (shared and queue): ``Channel.max_topics``."""
         self.queues: dict[str, QueueTopic] = {}
@@ -411,8 +413,9 @@ class Engine(QueueOperations):
         ``keep`` after its last publish, for late joiners (None: for ever). A topic only
         clients made or fed (a SUBSCRIBE, a client PUBLISH) is kept ``session_timeout``:
         the window in which a client that lost its session comes back and recovers. Either
-        way, one that never held a message goes at once. Only topics without subscribers are
-        walked (``idle``), so a sweep costs nothing for the topics in use."""
+        way, one that never held a message goes after ``EMPTY_GRACE``. Only topics without
+        subscribers are walked (``idle``), so a sweep costs nothing for the topics in use.
+        Queue topics only clients made go too (``retire_queues``)."""
         window = self.config.timing.session_timeout
         gone: list[SharedTopic] = []
         retired = 0
@@ -432,7 +435,9 @@ class Engine(QueueOperations):
             retired += 1
         for t in gone:
             del idle[t]
-        return retired
+        queues = self.retire_queues(now)
+        self.telemetry.topics_retired += queues  # the shared topics' were counted by _forget
+        return retired + queues
 
     def _forget(self, t: SharedTopic) -> None:
         del self.topics[t.name]
@@ -683,6 +688,8 @@ class Engine(QueueOperations):
             sub.queue.active.pop(sub, None)
             sub.give_back(lost)
             name = sub.queue.name
+            if not sub.queue.consumers:
+                self.idle_queues[sub.queue] = self.clock()
         else:
             name = sub.topic.name if sub.topic is not None else getattr(sub, "name", "")
         if s.names.get(name) is sub:

@@ -53,6 +53,7 @@ class QueueOperations:
     _item_max: int
     _numbers: Any
     per_channel: dict[str, int]
+    idle_queues: dict[QueueTopic, float]
 
     def direct(self, s: Session, msg: bytes) -> None:
         raise NotImplementedError  # Engine's
@@ -75,13 +76,18 @@ class QueueOperations:
         found = registry.match(name)
         if found is None or found[0].mode != Mode.QUEUE:
             raise ProtocolError(f"no queue channel matches {name!r}", ErrorCode.UNKNOWN)
-        return self.queue_of(name, found[0], registry)
+        return self.queue_of(name, found[0], registry, app=True)
 
-    def queue_of(self, name: str, ch: Channel, registry: Registry) -> QueueTopic:
+    def queue_of(
+        self, name: str, ch: Channel, registry: Registry, *, app: bool = False
+    ) -> QueueTopic:
         """The queue topic ``name`` of channel ``ch``, created (with its dead-letter queue,
-        found through ``registry``) on first use."""
+        found through ``registry``) on first use; ``app``: the application names it (kept for
+        good, where one only clients made is retired once nobody needs it)."""
         q = self.queues.get(name)
         if q is not None:
+            if app:
+                q.app = True
             return q
         settings = ch.queue_settings or QueueSettings()
         if len(self.topics) + len(self.queues) >= self.config.limits.max_topics:
@@ -98,7 +104,10 @@ class QueueOperations:
             on_item_end=self.on_item_end,
         )
         self.queues[name] = q
+        q.app = app
+        q.pattern = ch.pattern
         self.per_channel[ch.pattern] = self.per_channel.get(ch.pattern, 0) + 1
+        self.idle_queues[q] = self.clock()  # no consumer yet
         if self.queue_home is not None:  # several nodes: its items wait in their home
             q.rehome(self.queue_home)
         dl = settings.dead_letter
@@ -106,8 +115,38 @@ class QueueOperations:
             found = registry.match(dl)
             if found is None or found[0].mode != Mode.QUEUE:
                 raise ValueError(f"queue {name!r}: dead_letter {dl!r} is not a queue topic")
-            q.dead_letter = self.queue_of(dl, found[0], registry)
+            q.dead_letter = self.queue_of(dl, found[0], registry, app=True)
         return q
+
+    def retire_queues(self, now: float) -> int:
+        """Forget the queue topics only clients made (a SUBSCRIBE, a client PUBLISH) that
+        nobody needs: no consumer for ``session_timeout``, no item waiting or out, no producer
+        waiting for room, no idempotency key still inside its dedup window, and kept here (a
+        queue of several nodes keeps its items in Redis). Returns how many went."""
+        window = self.config.timing.session_timeout
+        idle = self.idle_queues
+        gone: list[QueueTopic] = []
+        retired = 0
+        for q, since in idle.items():
+            if q.consumers or q.app or self.queues.get(q.name) is not q:
+                gone.append(q)  # consumed again, the application's, or forgotten already
+                continue
+            if now - since < window or q.home is not None or q.ready or q.waiters or q.active:
+                continue
+            ids = q.ids.ids
+            if ids and next(reversed(ids.values())) > now - q.ids.window:
+                continue  # a retried producer's key must still be recognised
+            gone.append(q)
+            del self.queues[q.name]
+            left = self.per_channel.get(q.pattern, 0) - 1
+            if left > 0:
+                self.per_channel[q.pattern] = left
+            else:
+                self.per_channel.pop(q.pattern, None)
+            retired += 1
+        for q in gone:
+            del idle[q]
+        return retired
 
     def enqueue(
         self,

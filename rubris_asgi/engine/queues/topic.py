@@ -165,6 +165,8 @@ class QueueTopic:
         "home",
         "producers",
         "encode_item",
+        "app",
+        "pattern",
         "_on_dirty",
     )
 
@@ -210,6 +212,11 @@ class QueueTopic:
         (producers.py); made by the engine at the first client PUBLISH."""
         self.encode_item: ItemEncoder = item_encoder(number)
         """Its deliveries' ITEM bytes, the topic's uv worked out once (frames.py sends them)."""
+        self.app = False
+        """Named by the application (``Rubris.enqueue``, the HTTP API, a dead-letter queue):
+        never retired. A queue only clients made is (``Engine.retire``)."""
+        self.pattern = ""
+        """Its channel's pattern (what ``max_topics`` of a channel counts)."""
         self._on_dirty = on_dirty
 
     def rehome(self, home: QueueHome | None) -> None:

@@ -157,7 +157,7 @@ class HttpApi(Guard):
                 await self._check_batch_items(refs)
             engine = self.engine
             items = [
-                (engine.queue_of(name, ch, self.registry), payload, item_id, _str(ref))
+                (engine.queue_of(name, ch, self.registry, app=True), payload, item_id, _str(ref))
                 for _i, name, ch, payload, item_id, ref in staged
             ]
             queues = list({q.number: q for q, _p, _id, _b in items}.values())

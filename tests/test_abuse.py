@@ -190,7 +190,7 @@ def test_a_topic_nobody_needs_is_retired_with_its_memory() -> None:
     assert "t.a" not in e.topics and "t.b" in e.topics
     clock.now += 25.0  # 30 s after the client's publish: the window a client comes back in
     assert e.retire(clock.now, never) == 1
-    assert e.topics == {} and e.per_channel == {} and e.idle == {}
+    assert e.topics == {} and e.lifetimes.per_channel == {} and e.lifetimes.idle == {}
     assert e.telemetry.topics_retired == 2
     assert e.telemetry.published(e.topics.values()) == 1  # its publishes still count
 
@@ -445,7 +445,7 @@ def test_a_queue_only_clients_made_is_retired_once_nobody_needs_it() -> None:
     assert e.retire(clock.now, never) == 1
     assert "jobs.a" not in e.queues and set(e.queues) == {"jobs.b", "dead"}
     assert kept is e.queues["jobs.b"]
-    assert e.per_channel == {"jobs.{x}": 1, "dead": 1}
+    assert e.lifetimes.per_channel == {"jobs.{x}": 1, "dead": 1}
     e.queue_of("jobs.c", made[0], reg)  # room again in the channel (max_topics 2)
     with pytest.raises(ProtocolError):
         e.queue_of("jobs.d", made[0], reg)

@@ -33,6 +33,7 @@ from ..protocol.deflate import Compression, Compressor
 from .buffers import FrameBuffer, WriterPool
 from .channels import Channel, Registry
 from .intake import Intake
+from .lifetimes import Lifetimes
 from .membership import Membership, Relay, Relayed
 from .queues import QueueHome, QueueSub, QueueTopic
 from .queues.operations import ITEM_HEADER, QueueOperations
@@ -85,13 +86,9 @@ class Engine(QueueOperations):
             async_window=self.config.writer.async_window,
         )
         self.topics: dict[str, SharedTopic] = {}
-        self.idle: dict[SharedTopic, float] = {}
-        """Shared topics without a subscriber here, since when: what ``retire`` walks."""
-        self.idle_queues: dict[QueueTopic, float] = {}
-        """Queue topics without a consumer, since when (``retire_queues``)."""
-        self.per_channel: dict[str, int] = {}
-        """Topics alive per channel pattern (shared and queue): ``Channel.max_topics``."""
         self.queues: dict[str, QueueTopic] = {}
+        self.lifetimes = Lifetimes(self.config, self.topics, self.queues, self.telemetry, clock)
+        """How many topics each channel has, and when one nobody needs goes."""
         self.sessions: dict[str, Session] = {}
         self.holders: dict[Any, int] = {}
         """Live sessions per user (its owner key) and per address (anonymous ones)."""
@@ -368,7 +365,6 @@ class Engine(QueueOperations):
             on_dirty=self.scheduler.topic_dirty,
         )
         self.topics[name] = t
-        self.idle[t] = self.clock()  # no subscriber yet
         return t
 
     def shared_named(self, name: str, registry: Registry) -> SharedTopic:
@@ -389,74 +385,23 @@ class Engine(QueueOperations):
         t = self.topics.get(name)
         if t is not None:
             return t
-        self._count_in(ch)
+        self.lifetimes.admit(ch)
         t = self.topic(name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at)
         t.keep = ch.keep
-        t.pattern = ch.pattern
-        self.per_channel[ch.pattern] = self.per_channel.get(ch.pattern, 0) + 1
+        self.lifetimes.born(t, ch)
         return t
 
-    def _count_in(self, ch: Channel) -> None:
-        """Refuse a new topic of ``ch`` past its ``max_topics``."""
-        if self.per_channel.get(ch.pattern, 0) >= ch.max_topics:
-            raise ProtocolError(
-                f"too many topics of channel {ch.pattern} (limit {ch.max_topics})",
-                ErrorCode.TOO_MANY,
-            )
-
     def retire(self, now: float, followed: Callable[[str], bool]) -> int:
-        """Forget the shared topics nobody needs: no subscriber here, not ``followed`` for
-        other nodes (a distributed broker's, which lets go of its own after a while), and
-        nothing published for as long as the topic is kept. Returns how many went.
-
-        A topic the application publishes to (``SharedTopic.app``) is kept its channel's
-        ``keep`` after its last publish, for late joiners (None: for ever). A topic only
-        clients made or fed (a SUBSCRIBE, a client PUBLISH) is kept ``session_timeout``:
-        the window in which a client that lost its session comes back and recovers. Either
-        way, one that never held a message goes after ``EMPTY_GRACE``. Only topics without
-        subscribers are walked (``idle``), so a sweep costs nothing for the topics in use.
-        Queue topics only clients made go too (``retire_queues``)."""
-        window = self.config.timing.session_timeout
-        gone: list[SharedTopic] = []
-        retired = 0
-        idle = self.idle
-        for t, since in idle.items():
-            if t.subs or self.topics.get(t.name) is not t:
-                gone.append(t)  # subscribed again, or already forgotten: not idle now
-                continue
-            if t.seq == 0:  # a moment's grace for a publish still in the intake
-                keep: float | None = min(window, EMPTY_GRACE)
-            else:
-                keep = t.keep if t.app else window
-            if keep is None or now - max(since, t.stamp) < keep or followed(t.name):
-                continue
-            gone.append(t)
-            self._forget(t)
-            retired += 1
-        for t in gone:
-            del idle[t]
-        queues = self.retire_queues(now)
-        self.telemetry.topics_retired += queues  # the shared topics' were counted by _forget
-        return retired + queues
-
-    def _forget(self, t: SharedTopic) -> None:
-        del self.topics[t.name]
-        self.telemetry.retired_seqs += t.seq  # its publishes still count (``published()``)
-        self.telemetry.topics_retired += 1
-        if t.pattern:
-            left = self.per_channel.get(t.pattern, 0) - 1
-            if left > 0:
-                self.per_channel[t.pattern] = left
-            else:
-                self.per_channel.pop(t.pattern, None)
+        """Forget the topics nobody needs (engine/lifetimes.py); ``followed(name)``: whether
+        a distributed broker still follows a shared topic for other nodes."""
+        return self.lifetimes.retire(now, followed)
 
     def discard_topic(self, name: str) -> bool:
         """Forget the shared topic ``name`` if nobody subscribes to it (True when it did)."""
         t = self.topics.get(name)
         if t is None or t.subs:
             return False
-        self._forget(t)
-        self.idle.pop(t, None)
+        self.lifetimes.forget(t)
         return True
 
     def publish(self, t: SharedTopic, value: Any, stamp: float | None = None) -> int:
@@ -689,7 +634,7 @@ class Engine(QueueOperations):
             sub.give_back(lost)
             name = sub.queue.name
             if not sub.queue.consumers:
-                self.idle_queues[sub.queue] = self.clock()
+                self.lifetimes.queue_left(sub.queue)
         else:
             name = sub.topic.name if sub.topic is not None else getattr(sub, "name", "")
         if s.names.get(name) is sub:
@@ -699,7 +644,7 @@ class Engine(QueueOperations):
         if t is not None:
             t.subs.pop(sub, None)
             if not t.subs:
-                self.idle[t] = self.clock()
+                self.lifetimes.left(t)
         if isinstance(sub, PrivateSub):
             while sub.waiters:
                 sub.waiters.popleft()()
@@ -713,8 +658,6 @@ class Engine(QueueOperations):
 
 
 _ANONYMOUS = object()
-EMPTY_GRACE = 5.0
-"""Seconds a topic that never held a message is kept without subscribers (``retire``)."""
 
 
 def _holder(owner: Any, address: str) -> Any:

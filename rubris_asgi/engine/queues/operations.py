@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ...protocol.deflate import Compression
     from ..buffers import WriterPool
     from ..channels import Channel, Registry
+    from ..lifetimes import Lifetimes
     from ..scheduler import Scheduler
     from ..session import Session
     from ..topics import SharedTopic
@@ -52,16 +53,12 @@ class QueueOperations:
     on_item_end: Callable[[str, bool], None] | None
     _item_max: int
     _numbers: Any
-    per_channel: dict[str, int]
-    idle_queues: dict[QueueTopic, float]
+    lifetimes: Lifetimes
 
     def direct(self, s: Session, msg: bytes) -> None:
         raise NotImplementedError  # Engine's
 
     def _check_room(self, s: Session) -> None:
-        raise NotImplementedError  # Engine's
-
-    def _count_in(self, ch: Channel) -> None:
         raise NotImplementedError  # Engine's
 
     def _send_flow(self, fill: int, publishers: list[Any]) -> None:
@@ -92,7 +89,7 @@ class QueueOperations:
         settings = ch.queue_settings or QueueSettings()
         if len(self.topics) + len(self.queues) >= self.config.limits.max_topics:
             raise ProtocolError("too many topics on this server", ErrorCode.TOO_MANY)
-        self._count_in(ch)
+        self.lifetimes.admit(ch)
         q = QueueTopic(
             name,
             next(self._numbers),
@@ -105,9 +102,7 @@ class QueueOperations:
         )
         self.queues[name] = q
         q.app = app
-        q.pattern = ch.pattern
-        self.per_channel[ch.pattern] = self.per_channel.get(ch.pattern, 0) + 1
-        self.idle_queues[q] = self.clock()  # no consumer yet
+        self.lifetimes.born(q, ch)
         if self.queue_home is not None:  # several nodes: its items wait in their home
             q.rehome(self.queue_home)
         dl = settings.dead_letter
@@ -117,36 +112,6 @@ class QueueOperations:
                 raise ValueError(f"queue {name!r}: dead_letter {dl!r} is not a queue topic")
             q.dead_letter = self.queue_of(dl, found[0], registry, app=True)
         return q
-
-    def retire_queues(self, now: float) -> int:
-        """Forget the queue topics only clients made (a SUBSCRIBE, a client PUBLISH) that
-        nobody needs: no consumer for ``session_timeout``, no item waiting or out, no producer
-        waiting for room, no idempotency key still inside its dedup window, and kept here (a
-        queue of several nodes keeps its items in Redis). Returns how many went."""
-        window = self.config.timing.session_timeout
-        idle = self.idle_queues
-        gone: list[QueueTopic] = []
-        retired = 0
-        for q, since in idle.items():
-            if q.consumers or q.app or self.queues.get(q.name) is not q:
-                gone.append(q)  # consumed again, the application's, or forgotten already
-                continue
-            if now - since < window or q.home is not None or q.ready or q.waiters or q.active:
-                continue
-            ids = q.ids.ids
-            if ids and next(reversed(ids.values())) > now - q.ids.window:
-                continue  # a retried producer's key must still be recognised
-            gone.append(q)
-            del self.queues[q.name]
-            left = self.per_channel.get(q.pattern, 0) - 1
-            if left > 0:
-                self.per_channel[q.pattern] = left
-            else:
-                self.per_channel.pop(q.pattern, None)
-            retired += 1
-        for q in gone:
-            del idle[q]
-        return retired
 
     def enqueue(
         self,

@@ -72,7 +72,8 @@ class Limits:
     max_calls_in_flight: int = 64
     """Unanswered CALLs per session: RESULT error code 6."""
     max_topics: int = 1_000_000
-    """Shared topics alive at once; publishing a new topic past it raises ``ProtocolError`` 6."""
+    """Topics (shared and queue) alive at once; publishing a new topic past it raises
+    ``ProtocolError`` 6."""
     max_direct_queue: int = 10_000
     """Direct messages (RESULT, SUBSCRIBED, GAP, ...) waiting for one session: GOODBYE 7."""
     intake_messages: int = 100_000

@@ -82,6 +82,7 @@ class LongPollTransport:
                 if answer.status != 404:
                     return answer.response()
             s, resumed = gateway.open_or_resume(msgs, user, client_address(request))
+            gateway.dispatcher.spend(s, len(body))  # the first frame counts as any other
             return (await self._open(s, resumed, msgs)).response()
         except ProtocolError as exc:
             return self._error(exc)

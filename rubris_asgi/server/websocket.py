@@ -395,6 +395,7 @@ class WebSocketConnection:
         gateway.engine.attach(s, self)
         self.heard = gateway.engine.clock()
         self.transport.connections.add(self)
+        gateway.dispatcher.spend(s, len(frame))  # the first frame counts as any other
         await gateway.dispatcher.handle_first(s, msgs[1:])
         return s
 

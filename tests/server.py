@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 
 from rubris_asgi import Rubris, Server
+from rubris_asgi.serving import uvicorn_config
 
 SERVERS = ["uvicorn", "hypercorn", "granian"]
 
@@ -32,12 +33,15 @@ async def run_server(
     log_level: str = "warning",
     ws: str = "websockets-sansio",
     ws_per_message_deflate: bool = False,
+    http: str | None = None,
 ) -> AsyncIterator[str]:
     """Serve ``app``; yields its base URL, e.g. ``http://127.0.0.1:41234``.
 
     ``drain``: uvicorn as ``rubris_asgi.serve`` runs it (``Server``), draining that rubris
     (GOODBYE 9) before uvicorn closes the connections. ``ws``, ``ws_per_message_deflate``:
-    uvicorn's WebSocket implementation and whether it agrees to permessage-deflate."""
+    uvicorn's WebSocket implementation and whether it agrees to permessage-deflate. ``http``:
+    uvicorn as ``serve()`` configures it (``uvicorn_config``: its connection timeouts, those of
+    ``drain``), with that HTTP parser (``"h11"``, ``"httptools"``)."""
     if server == "hypercorn":
         async with _hypercorn(app) as base:
             yield base
@@ -52,15 +56,20 @@ async def run_server(
     # two parts waits ~40 ms for the client's delayed ACK (Nagle)
     sock = _free_socket()
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        ws=ws,
-        ws_per_message_deflate=ws_per_message_deflate,
-        log_level=log_level,
-        lifespan=lifespan,
-    )
+    if http is None:
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            ws=ws,
+            ws_per_message_deflate=ws_per_message_deflate,
+            log_level=log_level,
+            lifespan=lifespan,
+        )
+    else:
+        config = uvicorn_config(
+            app, drain, port=port, http=http, ws=ws, log_level=log_level, lifespan=lifespan
+        )
     server = uvicorn.Server(config) if drain is None else Server(config, drain)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

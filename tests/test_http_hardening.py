@@ -24,7 +24,7 @@ import orjson
 import pytest
 from starlette.requests import Request
 
-from rubris_asgi import Config, Rubris, Server, Session, Timing
+from rubris_asgi import Config, Rubris, Session, Timing
 from rubris_asgi.batches import MemoryBatchStore
 from rubris_asgi.errors import UnknownBatch
 from rubris_asgi.ops.page import PAGE_CSP
@@ -33,7 +33,7 @@ from rubris_asgi.server.hardening import DATA_CSP, SCRIPT_CSP
 from rubris_asgi.serving import DEADLINE_PROTOCOLS, Deadlines, HeadDeadline, uvicorn_config
 
 from .apps import starlette_app
-from .server import _free_socket, run_server
+from .server import run_server
 from .wirekit import lp_hello, recv_until, ws_hello, ws_open
 
 pytestmark = pytest.mark.core
@@ -372,24 +372,8 @@ FAST = Timing(header_timeout=DEADLINE, idle_timeout=DEADLINE, poll_timeout=0.6, 
 @contextlib.asynccontextmanager
 async def served(rubris: Rubris, http: str) -> AsyncIterator[int]:
     """``rubris`` under uvicorn as ``serve()`` configures it (``http``: the parser); the port."""
-    sock = _free_socket()
-    port = sock.getsockname()[1]
-    config = uvicorn_config(
-        starlette_app(rubris), rubris, port=port, http=http, log_level="warning", lifespan="on"
-    )
-    server = Server(config, rubris)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        for _ in range(500):
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        assert server.started, task.result() if task.done() else "uvicorn did not start"
-        yield port
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 15)
-        sock.close()
+    async with run_server(starlette_app(rubris), drain=rubris, http=http) as base:
+        yield int(base.rsplit(":", 1)[1])
 
 
 async def closed_after(reader: asyncio.StreamReader, start: float) -> float:

@@ -8,7 +8,6 @@ disagree. A module's floor is its first folder under rubris_asgi/ (or its file, 
 from __future__ import annotations
 
 import ast
-import importlib
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -77,7 +76,6 @@ FLOORS = {
     _floor_name(row[0]): Floor(_floor_name(row[0]), _names(row[1]), _names(row[2]))
     for row in FLOOR_ROWS
 }
-ALIASES = {row[0].strip("`") for row in _rows("Old paths")}
 
 
 def module_name(path: Path) -> str:
@@ -147,52 +145,11 @@ def test_the_floor_table_is_complete_and_points_down() -> None:
         below = set(names[:i])
         if floor.imports != {"*"}:  # the table itself: a floor names only rows above its own
             assert floor.imports <= below, f"{floor.name} may import {floor.imports - below}"
-    for module in MODULES:
-        if module not in ALIASES:
-            assert floor_of(module) in FLOORS, f"{module}: no row for its floor"
+    for module in MODULES:  # every module under a floor: no path outside the table
+        assert floor_of(module) in FLOORS, f"{module}: no row for its floor"
 
 
-def test_aliases_hold_no_code_and_nothing_imports_them() -> None:
-    for alias in sorted(ALIASES):
-        assert alias in MODULES, f"{alias}: the old path has no module"
-        tree = ast.parse(MODULES[alias].read_text())
-        for node in tree.body:
-            ok = isinstance(node, ast.Import | ast.ImportFrom) or (
-                isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-            )
-            ok = ok or (
-                isinstance(node, ast.Assign)
-                and [getattr(t, "id", "") for t in node.targets] == ["__all__"]
-            )
-            # a lazy name passed on (``RedisBroker``): one return of the new module's attribute
-            ok = ok or (
-                isinstance(node, ast.FunctionDef)
-                and node.name == "__getattr__"
-                and len(node.body) == 1
-                and isinstance(node.body[0], ast.Return)
-            )
-            assert ok, f"{alias}: line {node.lineno} is code, not a re-export"
-    for module in MODULES:
-        if module not in ALIASES:
-            used = GRAPH[module][0] & ALIASES
-            assert not used, f"{module} imports the old path {sorted(used)}"
-
-
-@pytest.mark.parametrize(
-    "alias",
-    [  # the Redis batch store's old path loads redis-py
-        pytest.param(a, marks=pytest.mark.redis) if "redis" in a else a for a in sorted(ALIASES)
-    ],
-)
-def test_an_old_path_gives_the_same_objects_as_the_new(alias: str) -> None:
-    old = importlib.import_module(alias)
-    new_path = next(row[1] for row in _rows("Old paths") if row[0].strip("`") == alias)
-    new = importlib.import_module(new_path.split("`")[1])
-    for name in old.__all__:
-        assert getattr(old, name) is getattr(new, name), f"{alias}.{name}"
-
-
-@pytest.mark.parametrize("module", sorted(set(MODULES) - ALIASES))
+@pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_point_down(module: str) -> None:
     floor = FLOORS[floor_of(module)]
     inside, outside = GRAPH[module]

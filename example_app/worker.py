@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import random
+import sys
 import time
 
-from rubris_asgi.client import Client, QueueItem
+from rubris_asgi.client import Client, ConnectionLost, QueueItem
 
 
 async def work(url: str, name: str, seconds: float, transport: str) -> None:
@@ -40,8 +42,10 @@ async def work(url: str, name: str, seconds: float, transport: str) -> None:
             )  # returning ACKs the job; raising would give it back
 
         await client.consume("reprice", reprice)
-        print(f"{name}: working reprice jobs from {url} (Ctrl-C to stop)")
-        await asyncio.Event().wait()
+        print(f"{name}: working reprice jobs from {url} (Ctrl-C to stop)", flush=True)
+        # through server restarts the client reconnects by itself (one log line each time);
+        # this returns only when it gives up, raising why
+        await client.wait_closed()
 
 
 def main() -> None:
@@ -51,10 +55,17 @@ def main() -> None:
     ap.add_argument("--work", type=float, default=0.3, help="seconds a job takes, on average")
     ap.add_argument("--transport", choices=("websocket", "longpoll"), default="websocket")
     args = ap.parse_args()
+    # the client's one line per lost connection, with the time it was lost
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     try:
         asyncio.run(work(args.url, args.name, args.work, args.transport))
     except KeyboardInterrupt:
         pass
+    except ConnectionLost as exc:
+        # a worker that cannot work says why and fails, so that a supervisor (systemd, k8s)
+        # restarts it and an operator sees it, rather than a process that holds nothing
+        print(f"{args.name}: stopped: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

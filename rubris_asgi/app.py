@@ -56,6 +56,7 @@ from .server.http.topics import TopicApi
 from .server.lifespan import lifespan_protocol
 from .server.longpoll import LongPollTransport
 from .server.quiet_log import QuietPolls
+from .server.refusals import RESTARTING, RETRY_AFTER, TRY_AGAIN_LATER, not_now
 from .server.relay import Relays
 from .server.runtime import housekeeping, queue_ticks, reauthentication, run_scheduler
 from .server.threads import call_in_loop, wait_for_room
@@ -536,23 +537,22 @@ class Rubris:
             await lifespan_protocol(receive, send, self.start, self.stop)
             return
         # while draining, only new sessions are refused: a long-poll session's next poll is
-        # how it receives its GOODBYE 9
-        if not self.started or (self.draining and scope["type"] == "websocket"):
-            reason = (
-                "server shutting down"
-                if self.draining
-                else "rubris is not started: use lifespan=rubris.lifespan"
-            )
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1013, "reason": reason})
-            else:
-                await Response(reason, 503)(scope, receive, send)
-            return
-        await self.router(scope, receive, send)
+        # how it receives its GOODBYE 9. Either way the client is told "not now" (1012/1013,
+        # 503), never a refusal for good (server/refusals.py)
+        if self.draining and (scope["type"] == "websocket" or not self.started):
+            await not_now(scope, receive, send, "server restarting", RESTARTING)
+        elif not self.started:
+            # starting, or never started: an app without lifespan=rubris.lifespan stays here,
+            # its clients retrying and logging this reason
+            reason = "rubris is not started (yet?): is lifespan=rubris.lifespan set?"
+            await not_now(scope, receive, send, reason, TRY_AGAIN_LATER)
+        else:
+            await self.router(scope, receive, send)
 
     async def _lp_open(self, request: Request) -> Response:
         if self.draining:
-            return Response("server shutting down", 503)
+            headers = {"Retry-After": str(RETRY_AFTER)}
+            return Response("server restarting", 503, headers=headers)
         return await self.longpoll.open_session(request)
 
     # lifespan

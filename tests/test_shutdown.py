@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 import uvicorn
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed
 
 from rubris_asgi import Rubris, Session, Timing
 from rubris_asgi.client import Client
@@ -193,13 +193,17 @@ async def test_direct_stop_refuses_newcomers_and_says_goodbye() -> None:
             lp = await lp_hello(http)  # polled a moment ago: the drain waits for its next poll
             stopping = asyncio.create_task(rubris.stop())
             await expect_goodbye_and_close(ws, 9, 1000)
-            # while draining, newcomers are turned away: 503, and 403 at the WebSocket handshake
+            # while draining, newcomers are told "not now", never refused for good (a 403 at the
+            # handshake would make clients give up): 503 with Retry-After, and a WebSocket
+            # accepted and closed with 1012 (restarting)
             assert rubris.draining and not stopping.done()
             r = await http.post("/lp", content=encode_frame([Hello(1, "")]))
-            assert r.status_code == 503
-            with pytest.raises(InvalidStatus) as err:
-                await ws_open(base)
-            assert err.value.response.status_code == 403
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            async with await ws_open(base) as late:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await late.recv()
+            assert closed.value.rcvd is not None
+            assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1012, "server restarting")
             r = await http.get(f"/lp/{lp.session}", params={"ack": 0})
             bye = decode_frame(r.content)[-1]
             assert isinstance(bye, Goodbye) and bye.code == 9

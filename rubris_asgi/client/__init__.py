@@ -25,6 +25,7 @@ Example (against a running server)::
 The API, on :class:`Client`::
 
     await client.connect() / close()      or   async with Client(url) as client: ...
+    await client.wait_closed()   (until closed; raises ConnectionLost when it gave up by itself)
     sub = await client.subscribe(name, callback=None, *, params=None, on_gap=None, last=None)
     await client.unsubscribe(sub)
     consumer = await client.consume(name, handler=None, *, prefetch=None,
@@ -65,6 +66,16 @@ last=n)`` asks a ring topic for its last n messages first (a late joiner), on th
 SUBSCRIBE only. Queue items held when a connection drops are the
 server's again, resumed or not: a consumer's buffer is emptied then.
 :meth:`Client.close` cancels every task the client started and waits for them.
+
+What it retries, and what it says: a node that is starting or stopping answers "not now"
+(WebSocket close 1012 or 1013, HTTP 503 with ``Retry-After``), and so does a dropped
+connection: the client tries again, every ``backoff`` seconds with jitter (and not before a
+``Retry-After``), logging one WARNING per outage on the ``rubris_asgi.client`` logger (what
+happened, and that it is reconnecting; each attempt is a DEBUG line, the return an INFO one). A
+refusal for good (an origin or credentials refused, a bare 403 or 404 where no rubris endpoint
+is: "is the mount path right?") ends the client: :meth:`Client.connect` raises it at the first
+connection; later, :meth:`Client.wait_closed` does, and when nobody waits there the client logs
+it as an ERROR ("giving up: ..."), so that it never ends silently.
 
 Subscription callbacks, sync or async, run inside the reader, one after the other in the order
 of the wire: a callback must not wait for something only a later frame brings (``await

@@ -148,6 +148,7 @@ class Client(_Supervisor, _ServerMessages, _Producing):
         self._http: httpx.AsyncClient | None = None
         self._last_rx = 0.0
         self._busy = False
+        self._watchers = 0  # tasks in wait_closed(): they are told why the client gave up
 
         self._reqs = itertools.count(1)
         self._call_ids = itertools.count(1)
@@ -246,6 +247,25 @@ class Client(_Supervisor, _ServerMessages, _Producing):
                 await changed.wait()
             else:
                 await _within(changed.wait(), max(0.0, deadline - loop.time()))
+
+    async def wait_closed(self) -> None:
+        """Wait until the client is closed: by :meth:`close` (then return), or by itself, when it
+        gave up on the connection (a refusal for good, or ``reconnect=False`` and a drop).
+
+        A program that only serves callbacks and consumers waits on this rather than on an
+        event that never comes, so that a client that gave up ends it, with the reason.
+
+        Raises:
+            ConnectionLost: the client closed by itself; ``__cause__`` says why.
+        """
+        self._watchers += 1
+        try:
+            while self.state != "closed":
+                await self._changed.wait()
+        finally:
+            self._watchers -= 1
+        if self.error is not None:
+            raise _lost(f"the client gave up: {self.error}", self.error)
 
     # ------------------------------------------------------------------ public operations
 

@@ -11,6 +11,16 @@ from __future__ import annotations
 from urllib.parse import urlsplit, urlunsplit
 
 from ..protocol import Welcome
+from .errors import _Lost
+
+
+class _NotNow(_Lost):
+    """The server said "not now" (WebSocket close 1012 or 1013, HTTP 503): it is starting or
+    stopping, and the client tries again, not before ``retry_after`` seconds when it said."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class _Link:
@@ -47,3 +57,14 @@ def _endpoints(url: str) -> tuple[str, str]:
     ws_url = urlunsplit((ws_scheme, parts.netloc, path + "/ws", parts.query, ""))
     lp_url = urlunsplit((http_scheme, parts.netloc, path + "/lp", "", ""))
     return ws_url, lp_url
+
+
+def _no_endpoint(url: str, status: int) -> str:
+    """Why a bare 403, 404 or 405 means a wrong URL: it is what a path with no rubris behind it
+    gets (Starlette's answer to an unrouted WebSocket is 403); rubris's own refusals give their
+    reason (server/refusals.py)."""
+    path = urlsplit(url).path
+    hint = "is the mount path right?"
+    if path.endswith(("/ws/ws", "/lp/ws", "/ws/lp", "/lp/lp")):
+        hint = "give the client the mount URL (http://host:port/rubris), not its /ws or /lp"
+    return f"no rubris endpoint at {url} (HTTP {status} with no reason): {hint}"

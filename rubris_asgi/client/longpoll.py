@@ -11,7 +11,7 @@ import httpx
 from ..errors import ErrorCode, ProtocolError
 from ..protocol import Welcome
 from .errors import _Fatal, _Lost
-from .links import _Link
+from .links import _Link, _no_endpoint, _NotNow
 
 _OCTETS = "application/octet-stream"
 _FRAME_HEADER = "Rubris-Frame"
@@ -33,14 +33,27 @@ def _http_client(
 
 
 def _http_failure(r: httpx.Response, what: str) -> Exception:
-    text = r.text[:200].strip()
-    message = f"{what}: HTTP {r.status_code} {text}".rstrip()
-    if r.status_code in (400, 401, 403, 413):
-        code = ErrorCode.TOO_LARGE if r.status_code == 413 else ErrorCode.PROTOCOL
-        if r.status_code in (401, 403):
-            return _Fatal(message)
-        return ProtocolError(message, code)
+    text = r.text[:300].strip()
+    status = r.status_code
+    message = f"{what}: HTTP {status} {text}".rstrip()
+    if status in (401, 403):  # rubris's refusals (origin, credentials) give their reason
+        if not text:
+            return _Fatal(_no_endpoint(str(r.request.url), status))
+        return _Fatal(f"{r.request.url} refused the session (HTTP {status}): {text}")
+    if status in (400, 413):
+        return ProtocolError(message, ErrorCode.TOO_LARGE if status == 413 else ErrorCode.PROTOCOL)
+    if status == 503 or status == 429 or status >= 500:
+        # the node is starting, stopping or overloaded: not now
+        return _NotNow(message, _retry_after(r.headers.get("retry-after")))
     return _Lost(message)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (its delay form; a date is ignored), at most 60."""
+    try:
+        return min(max(float(value), 0.0), 60.0) if value else None
+    except ValueError:
+        return None
 
 
 class _LongPollLink(_Link):
@@ -68,6 +81,8 @@ class _LongPollLink(_Link):
             )
         except httpx.TransportError as exc:
             raise _Lost(f"POST {self.base} failed: {exc!r}") from exc
+        if r.status_code in (404, 405):  # no route: a rubris mount answers POST /lp
+            raise _Fatal(_no_endpoint(self.base, r.status_code))
         if r.status_code != 200:
             raise _http_failure(r, f"POST {self.base}")
         return r.content

@@ -19,6 +19,7 @@ from ..protocol import (
     VERSION,
     Ack,
     ClientMessage,
+    Goodbye,
     Hello,
     Message,
     Mode,
@@ -33,7 +34,7 @@ from ..protocol import (
 )
 from .consumer import Consumer, _Settler
 from .errors import SubscriptionEnded, _Bye, _Fatal, _Lost, _lost
-from .links import _Link
+from .links import _Link, _NotNow
 from .outbox import _Outbox
 from .stats import ClientStats
 from .subscription import Subscription, _StreamBox, _Topic
@@ -51,6 +52,14 @@ _MAX_BATCH = 1 << 20  # largest client frame when the server announces no max_fr
 _SLOW_RECONNECT = 1.0  # a connection that lived this long resets the backoff
 
 
+class _Outage:
+    """A connection lost and not back yet: since when, and the attempts made."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.attempts = 0
+
+
 class _Supervisor:
     """The connections of a client, one after the other; mixed into :class:`~.core.Client`.
 
@@ -59,6 +68,7 @@ class _Supervisor:
     methods below are the Client's, declared here for the type checker.
     """
 
+    url: str
     transport: str
     reconnect: bool
     ack_interval: float
@@ -87,6 +97,7 @@ class _Supervisor:
     _http: httpx.AsyncClient | None
     _last_rx: float
     _busy: bool
+    _watchers: int
     _reqs: itertools.count[int]
     _tokens: itertools.count[int]
     _subs: dict[_Topic, None]
@@ -160,6 +171,13 @@ class _Supervisor:
         self._account(frame)
         msgs = decode_frame(frame)
         self.stats.messages += len(msgs)
+        if msgs and isinstance(msgs[0], Goodbye):  # refused before WELCOME, with a reason
+            bye = msgs[0]
+            if bye.code in (ErrorCode.SHUTTING_DOWN, ErrorCode.SLOW_CONSUMER, ErrorCode.TOO_MANY):
+                raise _NotNow(
+                    f"the server refused the session for now: {bye.reason} (code {bye.code})"
+                )
+            raise _Fatal(f"the server refused the session: {bye.reason} (code {bye.code})")
         if not msgs or not isinstance(msgs[0], Welcome):
             got = type(msgs[0]).__name__.upper() if msgs else "nothing"
             raise ProtocolError(f"expected WELCOME first, got {got}", ErrorCode.PROTOCOL)
@@ -171,6 +189,7 @@ class _Supervisor:
         delay = self.backoff[0]
         initial = True
         error: BaseException | None = None
+        outage = _Outage()  # since the connection was lost: what the log says
         try:
             while not self._closing:
                 link = self._new_link()
@@ -187,9 +206,12 @@ class _Supervisor:
                         ):
                             error = exc
                             break
-                        log.debug("reconnect failed: %r", exc)
+                        outage.attempts += 1
+                        log.debug(
+                            "%s: reconnect attempt %d failed: %s", self.url, outage.attempts, exc
+                        )
                         await link.aclose()
-                        await self._sleep(delay)
+                        await self._sleep(delay, exc)
                         delay = min(delay * 2, self.backoff[1])
                         continue
                     if self._closing:
@@ -199,15 +221,26 @@ class _Supervisor:
                         initial = False
                         if self._first is not None and not self._first.done():
                             self._first.set_result(None)
+                    elif outage.since is not None:
+                        log.info(
+                            "rubris client %s: reconnected after %.1f s (%d attempts), %s",
+                            self.url,
+                            loop.time() - outage.since,
+                            outage.attempts + 1,
+                            "session resumed" if welcome.resumed else "new session",
+                        )
+                        outage = _Outage()
                     started = loop.time()
+                    why: BaseException
                     try:
                         await self._serve(link, rest)
                     except _Lost as exc:
-                        log.debug("connection lost: %s", exc)
+                        why = exc
                         if not self.reconnect:
                             error = exc
                             break
                     except _Bye as exc:
+                        why = exc
                         # only a server going away and a slow consumer are worth another try
                         retry = exc.code in (ErrorCode.SLOW_CONSUMER, ErrorCode.SHUTTING_DOWN)
                         if not (retry and self.reconnect):
@@ -219,19 +252,40 @@ class _Supervisor:
                 finally:
                     await link.aclose()
                 self._set_state("reconnecting")
+                if self._closing:
+                    break
+                # one line per outage, whatever the number of attempts: what happened and what
+                # the client does about it (each attempt is a DEBUG line)
+                outage.since = loop.time()
+                log.warning(
+                    "rubris client %s: connection lost (%s); reconnecting, every %g to %g s",
+                    self.url,
+                    why,
+                    self.backoff[0],
+                    self.backoff[1],
+                )
                 if loop.time() - started >= _SLOW_RECONNECT:
                     delay = self.backoff[0]
-                await self._sleep(delay)
+                await self._sleep(delay, why)
                 delay = min(delay * 2, self.backoff[1])
         finally:
             self._conn_tasks = []
             http, self._http = self._http, None
             if http is not None:
                 await http.aclose()
+            if error is not None and not (initial or self._closing or self._watchers):
+                # nobody awaits this (connect() raises the first failure, wait_closed() every
+                # other): say it, or a program would go on without its connection, silent
+                log.error("rubris client %s: giving up: %s", self.url, error)
             self._finish(error)
 
-    async def _sleep(self, delay: float) -> None:
-        await asyncio.sleep(delay * (0.5 + random.random() / 2))
+    async def _sleep(self, delay: float, why: BaseException | None = None) -> None:
+        """Wait ``delay`` with jitter (half to all of it, so that clients dropped together do
+        not come back together), and at least what the server asked for (``Retry-After``)."""
+        pause = delay * (0.5 + random.random() / 2)
+        if isinstance(why, _NotNow) and why.retry_after is not None:
+            pause = max(pause, why.retry_after * (1 + random.random() / 4))
+        await asyncio.sleep(pause)
 
     def _on_welcome(self, w: Welcome, initial: bool) -> None:
         self.welcome = w

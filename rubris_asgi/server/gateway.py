@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +25,8 @@ from ..engine.session import Session
 from ..errors import ErrorCode, ProtocolError, Reject
 from ..protocol import VERSION, Hello, Message, Welcome, decode_frame, encode
 from .dispatch import Dispatcher
+
+log = logging.getLogger("rubris_asgi")
 
 Authenticate = Callable[[HTTPConnection], Any]
 
@@ -65,6 +68,7 @@ class Gateway:
         """Requests to the node that holds a session (alone: nobody to ask)."""
         self._authenticate = authenticate
         self.allowed_origins = frozenset(allowed_origins)
+        self._refused_origins: set[str] = set()
 
     # who may connect
 
@@ -107,6 +111,18 @@ class Gateway:
         if origin is None or "*" in self.allowed_origins or origin in self.allowed_origins:
             return True  # no Origin: not a browser, so not a cross-site hijack
         return host is not None and urlsplit(origin).netloc == host
+
+    def origin_refused(self, origin: str, host: str | None) -> str:
+        """Why ``origin`` is refused, naming it and the setting that would allow it; logged once
+        per origin (a bounded set), as a page that retries would repeat it every second."""
+        reason = (
+            f"origin {origin!r} is not allowed (host {host!r}): add it to "
+            "Rubris(allowed_origins=[...]), or serve the page from the same host and port"
+        )
+        if origin not in self._refused_origins and len(self._refused_origins) < 100:
+            self._refused_origins.add(origin)
+            log.warning("rubris: refused a connection: %s", reason)
+        return reason
 
     # the first frame
 

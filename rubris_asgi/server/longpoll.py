@@ -70,8 +70,9 @@ class LongPollTransport:
         if self.quiet is not None:
             self.quiet.learn(request.scope["path"])
         gateway = self.gateway
-        if not gateway.origin_allowed(request.headers.get("origin"), request.headers.get("host")):
-            return PlainTextResponse("origin not allowed", status_code=403)
+        origin, host = request.headers.get("origin"), request.headers.get("host")
+        if origin is not None and not gateway.origin_allowed(origin, host):
+            return PlainTextResponse(gateway.origin_refused(origin, host), status_code=403)
         try:
             user = await gateway.authenticate(request)
             body = await self._read_body(request)

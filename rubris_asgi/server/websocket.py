@@ -33,6 +33,7 @@ from ..errors import ErrorCode, ProtocolError
 from ..protocol import SUBPROTOCOL, Goodbye, encode
 from .direct import DirectSocket, Outbox, direct_socket
 from .gateway import CLOSE_CODES, Gateway, client_address, resumed_id
+from .refusals import refuse
 from .relay import HomeUnreachable, Relays
 
 log = logging.getLogger("rubris_asgi")
@@ -320,13 +321,15 @@ class WebSocketConnection:
     async def run(self) -> None:
         gateway = self.gateway
         ws = self.ws
-        if not gateway.origin_allowed(ws.headers.get("origin"), ws.headers.get("host")):
-            await ws.close(1008, "origin not allowed")  # before accept: the handshake gets 403
+        origin, host = ws.headers.get("origin"), ws.headers.get("host")
+        if origin is not None and not gateway.origin_allowed(origin, host):
+            await refuse(ws, 403, 1008, gateway.origin_refused(origin, host))
             return
         try:
             user = await gateway.authenticate(ws)
         except ProtocolError as exc:
-            await ws.close(CLOSE_CODES.get(exc.code, 1008), str(exc)[:120])
+            status = 403 if exc.code == ErrorCode.NOT_AUTHORISED else 400
+            await refuse(ws, status, CLOSE_CODES.get(exc.code, 1008), str(exc))
             return
         offered = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)

@@ -67,8 +67,15 @@ export class LongPollConnection {
         cache: "no-store",
       }, LP_OPEN_TIMEOUT_MS);
       if (this.dead) return;
+      if (res.status === 404 || res.status === 405) {
+        // a rubris mount answers POST /lp: nothing is routed here
+        this._lost({ fatal: true, code: ErrorCode.NOT_AUTHORISED, status: res.status, reason: noEndpoint(this.urls.lpOpen, res.status) });
+        return;
+      }
       if (res.status !== 200) {
-        this._lost(httpFailure(res.status, "long-poll open"));
+        const text = await reasonOf(res);
+        if (this.dead) return;
+        this._lost(httpFailure(res.status, "long-poll open", text, this.urls.lpOpen));
         return;
       }
       body = new Uint8Array(await res.arrayBuffer());
@@ -140,7 +147,9 @@ export class LongPollConnection {
       }
       if (res.status !== 200 && res.status !== 204) {
         // Before un-stalling: a 404 after an outage (a restarted server) is not "open again".
-        this._lost(httpFailure(res.status, "long-poll"));
+        const text = res.status === 401 || res.status === 403 ? await reasonOf(res) : "";
+        if (this.dead) return;
+        this._lost(httpFailure(res.status, "long-poll", text, this._sessionUrl()));
         return;
       }
       if (failingSince) {
@@ -253,11 +262,13 @@ export class LongPollConnection {
 }
 
 /** What an HTTP status means to the client (§7). */
-export function httpFailure(status, what) {
+export function httpFailure(status, what, text = "", url = "") {
   switch (status) {
     case 401:
     case 403:
-      return { fatal: true, code: ErrorCode.NOT_AUTHORISED, status, reason: `${what}: not authorised (HTTP ${status})` };
+      // rubris's refusals (origin, credentials) say why; a bare one is a path with no rubris
+      if (!text) return { fatal: true, code: ErrorCode.NOT_AUTHORISED, status, reason: noEndpoint(url, status) };
+      return { fatal: true, code: ErrorCode.NOT_AUTHORISED, status, reason: `${what}: refused (HTTP ${status}): ${text}` };
     case 404:
       return { ended: true, status, reason: `${what}: session ended (HTTP 404)` };
     case 409:
@@ -267,6 +278,20 @@ export function httpFailure(status, what) {
     case 413:
       return { protocol: true, status, reason: `${what}: frame too large (HTTP 413)` };
     default:
-      return { status, reason: `${what}: HTTP ${status}` };
+      return { status, reason: `${what}: HTTP ${status}${text ? `: ${text}` : ""}` };
+  }
+}
+
+/** Why a bare 403/404/405 means a wrong URL: what a path with no rubris behind it answers. */
+export function noEndpoint(url, status) {
+  return `no rubris endpoint at ${url} (HTTP ${status} with no reason): is the mount path right?`;
+}
+
+/** The first 300 characters of a refusal's body: rubris's refusals carry their reason. */
+async function reasonOf(res) {
+  try {
+    return (await res.text()).slice(0, 300).trim();
+  } catch {
+    return "";
   }
 }

@@ -10,6 +10,9 @@
 
 import { SUBPROTOCOL } from "./codec.js";
 
+/** Close codes that refuse the connection itself: protocol error, policy, unsupported data. */
+const REFUSALS = new Set([1002, 1003, 1007, 1008, 1009, 1010]);
+
 const CLOSE_REASON_BYTES = 123; // RFC 6455: the close frame's reason is at most 123 UTF-8 bytes
 
 /** `reason` cut at a character boundary so that its UTF-8 form fits a close frame. */
@@ -58,7 +61,16 @@ export class WebSocketConnection {
     };
     // An error is always followed by close, which carries the code; nothing to do here.
     ws.onerror = () => {};
-    ws.onclose = (ev) => this._lost({ closeCode: ev.code, reason: ev.reason || `WebSocket closed (${ev.code})` });
+    ws.onclose = (ev) => {
+      const reason = ev.reason || `WebSocket closed (${ev.code})`;
+      // Closed by policy before WELCOME: the server refused this connection (origin,
+      // credentials) where it could not answer the handshake with a status. 1012 and 1013 are
+      // "not now" (a node starting or stopping): the client tries again.
+      const welcomed = this.client._conn === this && this.client._welcomed;
+      const refused = !welcomed && (REFUSALS.has(ev.code) || (ev.code >= 4000 && ev.code < 5000));
+      if (refused) this._lost({ fatal: true, closeCode: ev.code, reason: `${this.url} refused the connection: ${reason}` });
+      else this._lost({ closeCode: ev.code, reason });
+    };
   }
 
   get backlog() {

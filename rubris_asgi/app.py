@@ -19,7 +19,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -37,6 +37,7 @@ from .engine.channels import _UNSET, PublishRule, Registry
 from .engine.engine import Engine
 from .engine.queues import QueueSettings, QueueStats
 from .engine.session import Session, SessionState
+from .engine.topics import encode_payload
 from .errors import ErrorCode, QueueFull, SessionClosed
 from .ops.observer import Observer
 from .ops.page import OpsPage
@@ -45,6 +46,7 @@ from .ops.workers import WorkerBoard
 from .ops.workers import stats_dir as _stats_dir
 from .protocol import Codec, Mode
 from .protocol.deflate import Compressor, Decompressor
+from .protocol.naming import quoted, raise_refused
 from .server.assets import Assets
 from .server.dispatch import Dispatcher
 from .server.drain import Drain
@@ -329,16 +331,22 @@ class Rubris:
         a distributed broker, which numbers it: ``publish_async`` waits for the seq).
 
         Raises ``ProtocolError`` (code 3) when no shared channel matches ``name``,
-        ``MessageTooLarge`` over the writer pool's maximum and ``BrokerUnavailable`` while
-        Redis cannot take it. Safe from any thread: called from one that is not the server's
-        event loop (a Django sync view), it hands the call to the loop and waits for it.
+        ``MessageTooLarge`` over the writer pool's maximum, ``BrokerUnavailable`` while
+        Redis cannot take it and ``TypeError`` (naming ``name``, the type and the fix) when
+        ``value`` is not JSON; nothing is stored or numbered then. Safe from any thread: called
+        from one that is not the server's event loop (a Django sync view), it hands the call to
+        the loop and waits for it.
         """
         if self._thread and self._thread != threading.get_ident():
             return call_in_loop(self._loop, self._publish, name, value)
         return self._publish(name, value)
 
     def _publish(self, name: str, value: Any) -> int:
-        return self.engine.publish(self.engine.shared_named(name, self.registry), value)
+        t = self.engine.shared_named(name, self.registry)
+        try:
+            return self.engine.publish(t, value)
+        except TypeError as exc:  # the encoder's, said again with the topic and the fix
+            _not_json("publish to", name, exc, value, t.codec)
 
     async def publish_async(self, name: str, value: Any) -> int:
         """Publish to a shared topic and return its seq once numbered: at once alone, once
@@ -346,9 +354,12 @@ class Rubris:
         ``publish`` does."""
         self._on_loop("publish_async")
         t = self.engine.shared_named(name, self.registry)
-        if not self.broker.distributed:
-            return self.engine.publish(t, value)
-        data, compressed = self.engine.prepare(t, value)
+        try:
+            if not self.broker.distributed:
+                return self.engine.publish(t, value)
+            data, compressed = self.engine.prepare(t, value)
+        except TypeError as exc:  # as in _publish, before Redis is asked anything
+            _not_json("publish to", name, exc, value, t.codec)
         return await self.broker.numbered(t, data, compressed)
 
     def enqueue(
@@ -376,9 +387,11 @@ class Rubris:
             return call_in_loop(self._loop, call)
         if batch_item is not None:
             self._batch_item(batch_item)
-        return self.engine.enqueue(
-            self.engine.queue_named(name, self.registry), value, id, batch_item
-        )
+        q = self.engine.queue_named(name, self.registry)
+        try:
+            return self.engine.enqueue(q, value, id, batch_item)
+        except TypeError as exc:  # as in _publish: nothing was queued nor its id remembered
+            _not_json("enqueue to", name, exc, value, q.codec)
 
     async def put(
         self,
@@ -401,6 +414,8 @@ class Rubris:
                 return self.engine.enqueue(q, value, id, batch_item)
             except QueueFull:
                 pass
+            except TypeError as exc:  # as in enqueue
+                _not_json("enqueue to", name, exc, value, q.codec)
             await wait_for_room(q.waiters)
 
     def _batch_item(self, text: str) -> ItemRef:
@@ -428,7 +443,11 @@ class Rubris:
         Safe from any thread, as ``publish``."""
         if self._thread and self._thread != threading.get_ident():
             return call_in_loop(self._loop, self.send_nowait, session, name, value)
-        return self.engine.send_nowait(session, self.engine.private_for(session, name), value)
+        q = self.engine.private_for(session, name)
+        try:
+            return self.engine.send_nowait(session, q, value)
+        except TypeError as exc:  # as in _publish: nothing queued, no seq taken
+            _not_json("send to", name, exc, value, q.codec)
 
     async def send(self, session: Session, name: str, value: Any) -> int:
         """Queue a private message, waiting while the queue is full (back-pressure).
@@ -442,6 +461,8 @@ class Rubris:
                 return self.engine.send_nowait(session, q, value)
             except QueueFull:
                 pass
+            except TypeError as exc:  # as in send_nowait
+                _not_json("send to", name, exc, value, q.codec)
             await wait_for_room(q.waiters)
             if session.state is SessionState.CLOSED:
                 raise SessionClosed(f"session {session.id[:8]}… has ended")
@@ -460,7 +481,12 @@ class Rubris:
         (remembered 5 minutes, at most 1,024 keys per session) and answers a repeat with the
         first one's seq."""
         self._on_loop("send_to")
-        return await self._remote.send_to(session_id, name, value, key)
+        try:
+            return await self._remote.send_to(session_id, name, value, key)
+        except TypeError as exc:  # encoded here for another node (this node's send names it)
+            found = self.registry.match(name)
+            codec = found[0].codec if found is not None else Codec.JSON
+            _not_json("send to", name, exc, value, codec)
 
     async def disconnect(
         self,
@@ -667,6 +693,14 @@ class Rubris:
         self._wake = None
         self._loop = None
         self._thread = 0
+
+
+def _not_json(what: str, name: str, exc: TypeError, value: Any, codec: int) -> NoReturn:
+    """Raise, from the ``except TypeError`` of a publish or a send, the error that names the
+    topic and says what to do when ``value`` is what the encoder refused (protocol/naming.py);
+    ``exc`` unchanged when it came from elsewhere."""
+    encode = functools.partial(encode_payload, value, codec)
+    raise_refused(f"{what} {quoted(name)}", exc, encode, codec)
 
 
 def _route_path(scope: Scope) -> str:

@@ -98,9 +98,9 @@ rest. They are imported on first use, as httpx is by the first long-poll connect
 Exceptions (all :class:`~rubris_asgi.errors.RubrisError`)::
 
     ConnectionLost       the connection or session is gone (also a builtin ConnectionError)
-    CallError            a call answered with an error: .code, .message
-    SubscribeRejected    SUBSCRIBE answered with REJECTED: .code, .reason (code 0: the topic is
-                         of the other kind: a queue for subscribe(), not one for consume())
+    CallError            a call answered with an error: .code, .message, .method
+    SubscribeRejected    SUBSCRIBE answered with REJECTED: .code, .reason, .topic (code 0: the
+                         topic is of the other kind: a queue for subscribe(), not consume())
     SubscriptionEnded    the subscription or consumer is over (unsubscribed, or ended by the
                          server)
     ItemRefused          enqueue()'s item refused by the server (REJECTED): .code, .reason,

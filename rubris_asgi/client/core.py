@@ -163,6 +163,7 @@ class Client(_Supervisor, _ServerMessages, _Producing):
         self._outcomes = _Outcomes(self._outcome_ping)  # what enqueue() waits for
         self._refusals = _RefusalLog()
         self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_methods: dict[int, str] = {}  # by call id: what its CallError names
         self._streams: dict[int, _StreamBox] = {}
         self._pings: dict[int, asyncio.Future[None]] = {}
 
@@ -442,15 +443,18 @@ class Client(_Supervisor, _ServerMessages, _Producing):
             asyncio.TimeoutError: no answer within ``timeout`` seconds.
         """
         cid = next(self._call_ids)
+        payload = _dumps(args, method)  # a value that is not JSON fails here, named
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls[cid] = fut
+        self._call_methods[cid] = method
         try:
-            await self._send(Call(cid, method, _dumps(args)))
+            await self._send(Call(cid, method, payload))
             if timeout is None:
                 return await fut
             return await _within(fut, timeout)
         finally:
             self._calls.pop(cid, None)
+            self._call_methods.pop(cid, None)
 
     async def stream(self, method: str, args: Any = None) -> AsyncIterator[Any]:
         """Call a streaming ``method``; yields its items as they arrive.
@@ -460,10 +464,12 @@ class Client(_Supervisor, _ServerMessages, _Producing):
             ConnectionLost: the session was lost before the end.
         """
         cid = next(self._call_ids)
+        payload = _dumps(args, method)
         box = _StreamBox()
         self._streams[cid] = box
+        self._call_methods[cid] = method
         try:
-            await self._send(Call(cid, method, _dumps(args)))
+            await self._send(Call(cid, method, payload))
             while True:
                 more, item = await box.get()
                 if not more:
@@ -472,6 +478,7 @@ class Client(_Supervisor, _ServerMessages, _Producing):
         finally:
             box.abandon()
             self._streams.pop(cid, None)
+            self._call_methods.pop(cid, None)
 
     # What the end of a connection, and of the client, means for enqueue()'s outcomes
     # (producing.py): here rather than in _Producing because they extend the supervisor's.

@@ -33,6 +33,7 @@ from ..protocol import (
     Unsubscribed,
 )
 from ..protocol.deflate import inflate
+from ..protocol.naming import quoted
 from .concurrency import _invoke
 from .consumer import Consumer, QueueItem, _Settler
 from .errors import (
@@ -69,6 +70,7 @@ class _ServerMessages:
     _pub_reqs: OrderedDict[int, tuple[str, Any]]
     _calls: dict[int, asyncio.Future[Any]]
     _streams: dict[int, _StreamBox]
+    _call_methods: dict[int, str]
     _pings: dict[int, asyncio.Future[None]]
     _control: Callable[[ClientMessage], None]
     _reqs: itertools.count[int]
@@ -190,7 +192,7 @@ class _ServerMessages:
                     await box.put(value)
                 box.finish()
             return
-        err = _call_error(payload)
+        err = _call_error(payload, self._call_methods.get(m.call, ""))
         if fut is not None:
             if not fut.done():
                 fut.set_exception(err)
@@ -254,13 +256,14 @@ class _ServerMessages:
         client gives it up (items and pushes are only understood by the other kind)."""
         self._control(Unsubscribe(m.topic))  # its UNSUBSCRIBED finds no topic: ignored
         self._subs.pop(sub, None)
+        name = quoted(sub.name)  # as SubscribeRejected looks for it: the name is shown once
         if isinstance(sub, Consumer):
-            reason = f"{sub.name!r} is not a queue topic (mode {m.mode}): use Client.subscribe()"
+            reason = f"{name} is not a queue topic (mode {m.mode}): use Client.subscribe()"
         else:
-            reason = f"{sub.name!r} is a queue topic: use Client.consume()"
+            reason = f"{name} is a queue topic: use Client.consume()"
         fut, sub._pending = sub._pending, None
         if fut is not None and not fut.done():
-            fut.set_exception(SubscribeRejected(0, reason))
+            fut.set_exception(SubscribeRejected(0, reason, topic=sub.name))
         sub._end(SubscriptionEnded(0, reason))
 
     async def _on_rejected(self, m: Rejected) -> None:
@@ -269,7 +272,7 @@ class _ServerMessages:
             self._subs.pop(sub, None)
             fut, sub._pending = sub._pending, None
             if fut is not None and not fut.done():
-                fut.set_exception(SubscribeRejected(m.code, m.reason))
+                fut.set_exception(SubscribeRejected(m.code, m.reason, topic=sub.name))
             sub._end(SubscriptionEnded(m.code, m.reason))
             return
         if self._outcomes.rejected(m.req, m.code, m.reason):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ItemRefused, OutcomeUnknown, _lost
+from .errors import ItemRefused, OutcomeUnknown, _lost, _subject
 
 __all__ = ["ENQUEUE_WINDOW", "PUBLISHES_KEPT", "Rejection"]
 
@@ -32,13 +32,20 @@ REFUSALS_LOGGED_EVERY = 5.0
 class Rejection:
     """A ``publish()`` the server refused: its request number, topic, the server's ``code``
     and ``reason``, and the ``value`` published. ``name`` is "" and ``value`` None when the
-    request was older than the last ``PUBLISHES_KEPT`` (1,024) publishes."""
+    request was older than the last ``PUBLISHES_KEPT`` (1,024) publishes.
+
+    ``str()`` names the topic once, whatever the server's reason says: ``publish to 'chat'
+    refused: not for you (code 10)``, ``publish refused: unknown topic 'chta' (code 3)``."""
 
     req: int
     name: str
     code: int
     reason: str
     value: Any = field(default=None, hash=False)
+
+    def __str__(self) -> str:
+        subject = _subject("publish", self.name, self.reason, "to ")
+        return f"{subject} refused: {self.reason} (code {self.code})"
 
 
 class _Batch:
@@ -225,13 +232,7 @@ class _RefusalLog:
 
     def note(self, r: Rejection) -> None:
         if self._timer is None:
-            log.warning(
-                "PUBLISH to %r refused: %s (code %d); further refusals are summed up every %g s",
-                r.name,
-                r.reason,
-                r.code,
-                REFUSALS_LOGGED_EVERY,
-            )
+            log.warning("%s; further refusals are summed up every %g s", r, REFUSALS_LOGGED_EVERY)
             self._arm()
         else:
             self.count += 1
@@ -247,12 +248,10 @@ class _RefusalLog:
         r = self.last
         if self.count and r is not None:
             log.warning(
-                "%d PUBLISHes refused in the last %g s; last: %r: %s (code %d)",
+                "%d PUBLISHes refused in the last %g s; last: %s",
                 self.count,
                 REFUSALS_LOGGED_EVERY,
-                r.name,
-                r.reason,
-                r.code,
+                r,
             )
             self.count = 0
             self.last = None

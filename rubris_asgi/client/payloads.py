@@ -8,11 +8,22 @@ import orjson
 
 from ..errors import ErrorCode, ProtocolError
 from ..protocol import Codec
+from ..protocol.naming import quoted, value_refused
 from .errors import CallError
 
 
-def _dumps(args: Any) -> bytes:
-    return b"" if args is None else orjson.dumps(args)
+def _dumps(args: Any, method: str = "") -> bytes:
+    """A CALL's payload: ``args`` as JSON, empty for None.
+
+    Raises ``TypeError`` naming ``method`` (when given), the type at fault and the fix when
+    orjson cannot encode ``args``."""
+    if args is None:
+        return b""
+    try:
+        return orjson.dumps(args)
+    except TypeError as exc:  # only the failure pays for the words
+        what = f"call of {quoted(method)}" if method else "call"
+        raise value_refused(what, exc) from exc
 
 
 def _decode(codec: int, payload: bytes, what: str) -> Any:
@@ -33,12 +44,15 @@ def _decode(codec: int, payload: bytes, what: str) -> Any:
     return payload  # BYTES, and codecs this client does not know
 
 
-def _call_error(payload: bytes) -> CallError:
+def _call_error(payload: bytes, method: str = "") -> CallError:
+    """The ``CallError`` of an error RESULT's payload, for a call of ``method`` ("" when not
+    known)."""
     try:
         body = orjson.loads(payload) if payload else None
     except orjson.JSONDecodeError:
         body = None
     if isinstance(body, dict):
         code = body.get("code", 0)
-        return CallError(code if isinstance(code, int) else 0, str(body.get("message", "")))
-    return CallError(0, payload.decode("utf-8", "replace"))
+        code = code if isinstance(code, int) else 0
+        return CallError(code, str(body.get("message", "")), method=method)
+    return CallError(0, payload.decode("utf-8", "replace"), method=method)

@@ -20,6 +20,7 @@ import orjson
 from ..control.ratelimit import RateLimiter
 from ..errors import ErrorCode, ProtocolError
 from ..protocol import ClientMessage, Ping, Publish, Welcome, encode
+from ..protocol.naming import quoted, value_refused
 from .errors import ItemRefused, OutcomeUnknown, _lost
 from .outbox import _Outbox
 from .outcomes import ENQUEUE_WINDOW, PUBLISHES_KEPT, _Batch, _Outcomes
@@ -58,10 +59,17 @@ class _Producing:
         Paced by :attr:`publish_limiter`: the server sends FLOW when its intake (or, for a
         queue topic, the queue) fills, and this waits as long as the lowered rate asks (no
         wait at all while it does not).
+
+        Raises ``TypeError`` naming ``name``, the type and the fix when ``value`` is not JSON
+        (nothing sent, nothing counted).
         """
+        # encoded first: a value that is not JSON takes no pacing token and no request number
+        try:
+            data = orjson.dumps(value)
+        except TypeError as exc:
+            raise value_refused(f"publish to {quoted(name)}", exc) from exc
         await self.publish_limiter.acquire()
         req = next(self._reqs)
-        data = orjson.dumps(value)
         self._pub_reqs[req] = (name, value)
         while len(self._pub_reqs) > PUBLISHES_KEPT:
             self._pub_reqs.popitem(last=False)
@@ -87,7 +95,8 @@ class _Producing:
             ConnectionLost: the client closed (or was closed) before the PUBLISH was sent:
                 nothing was queued.
             ProtocolError: the PUBLISH is over the server's ``max_frame`` (nothing sent).
-            TypeError: ``value`` is not JSON-serialisable (nothing sent).
+            TypeError: ``value`` is not JSON-serialisable (nothing sent); the message names
+                ``name``, the type and the fix.
         """
         refused = await self._enqueue(name, [value], True)
         assert not refused  # a single item's refusal is raised
@@ -110,26 +119,37 @@ class _Producing:
                 queued; earlier runs were).
             ProtocolError: an item is over the server's ``max_frame`` (nothing of its run
                 sent).
-            TypeError: a value is not JSON-serialisable (nothing of its run sent).
+            TypeError: a value is not JSON-serialisable (nothing of its run sent); the message
+                names ``name``, the value's index in ``values``, the type and the fix.
         """
         items = list(values)
         refused: list[ItemRefused] = []
         for start in range(0, len(items), ENQUEUE_WINDOW):
             run = items[start : start + ENQUEUE_WINDOW]
-            for r in await self._enqueue(name, run, False):
+            for r in await self._enqueue(name, run, False, start):
                 r.index += start
                 refused.append(r)
         return refused
 
-    async def _enqueue(self, name: str, values: list[Any], single: bool) -> list[ItemRefused]:
-        """PUBLISH ``values`` (at most ``ENQUEUE_WINDOW``) and wait for their outcomes."""
+    async def _enqueue(
+        self, name: str, values: list[Any], single: bool, start: int = 0
+    ) -> list[ItemRefused]:
+        """PUBLISH ``values`` (at most ``ENQUEUE_WINDOW``; the first is item ``start`` of
+        ``enqueue_many``'s) and wait for their outcomes."""
         if not values:
             return []
         # everything checked before anything is sent: a run is sent whole or not at all
-        msgs = []
+        msgs: list[tuple[Publish, bytes]] = []
         limit = self.welcome.max_frame if self.welcome is not None else 0
         for value in values:
-            msg = Publish(next(self._reqs), name, orjson.dumps(value))
+            try:
+                payload = orjson.dumps(value)
+            except TypeError as exc:  # nothing of the run is sent
+                what = f"enqueue to {quoted(name)}"
+                if not single:
+                    what += f" (values[{start + len(msgs)}])"
+                raise value_refused(what, exc) from exc
+            msg = Publish(next(self._reqs), name, payload)
             data = encode(msg)
             if limit and len(data) > limit:
                 raise ProtocolError(

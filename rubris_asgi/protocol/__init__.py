@@ -26,6 +26,9 @@ Three modules, one concept each:
   :func:`encode_frame`, :func:`iter_messages`, :func:`decode_frame`, and the fast paths that
   build a message without a dataclass: :func:`push_message` (fan-out) and :func:`item_message`
   (a queue delivery).
+
+Beside them, ``naming`` words the errors both sides build from a caller's input: a topic or
+method name quoted and bounded (``quoted``), a value the encoder refused (``value_refused``).
 """
 
 from .codec import (

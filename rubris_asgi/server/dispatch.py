@@ -54,6 +54,7 @@ from ..protocol import (
     encode_uv,
 )
 from ..protocol.deflate import Decompressor, inflate
+from ..protocol.naming import quoted
 
 ENDED = (SessionState.CLOSED, SessionState.CLOSING)
 
@@ -165,15 +166,21 @@ class Dispatcher:
     def _name_ok(self, name: str) -> bool:
         return len(name.encode()) <= self.config.limits.max_topic_name
 
+    def _too_long(self, what: str, name: str) -> str:
+        """The reason of a refused name over ``max_topic_name``: the name shown cut short."""
+        limit = self.config.limits.max_topic_name
+        return f"{what} {quoted(name)} too long ({len(name.encode())} bytes, at most {limit})"
+
     async def _subscribe(self, s: Session, m: Subscribe) -> None:
         e = self.engine
         if not self._name_ok(m.name):
-            e.reject(s, m.req, ErrorCode.TOO_LARGE, "topic name too long")
+            e.reject(s, m.req, ErrorCode.TOO_LARGE, self._too_long("topic name", m.name))
             return
         found = self.registry.match(m.name)
         if found is None:
-            # one answer for every name that is not offered: nothing to enumerate
-            e.reject(s, m.req, ErrorCode.UNKNOWN, "unknown topic")
+            # one answer for every name that is not offered, naming only what the client sent:
+            # the typo is shown, nothing that exists is
+            e.reject(s, m.req, ErrorCode.UNKNOWN, f"unknown topic {quoted(m.name)}")
             return
         ch, kwargs = found
         try:
@@ -198,7 +205,7 @@ class Dispatcher:
             return
         except Exception:
             log.exception("subscribe handler for %r failed", m.name)
-            e.reject(s, m.req, ErrorCode.REJECTED, "subscribe failed")
+            e.reject(s, m.req, ErrorCode.REJECTED, f"subscribe to {quoted(m.name)} failed")
             return
         if s.state is SessionState.CLOSED or s.state is SessionState.CLOSING:
             return
@@ -240,7 +247,9 @@ class Dispatcher:
         e = self.engine
         found = self.registry.match(m.name) if self._name_ok(m.name) else None
         if found is None or not found[0].client_publish:
-            e.reject(s, m.req, ErrorCode.UNKNOWN, "unknown topic")
+            # the answer of any name not offered to PUBLISH, too long ones included: it shows
+            # the client its own name, and tells nothing of what exists
+            e.reject(s, m.req, ErrorCode.UNKNOWN, f"unknown topic {quoted(m.name)}")
             return
         ch, kwargs = found
         if not ch.hook_wants_payload:  # decided before any inflating or parsing
@@ -308,7 +317,10 @@ class Dispatcher:
                 if inspect.isawaitable(got):
                     got = await got
                 if got is False:
-                    verdict = (ErrorCode.NOT_AUTHORISED, "not allowed to publish here")
+                    verdict = (
+                        ErrorCode.NOT_AUTHORISED,
+                        f"not allowed to publish to {quoted(name)}",
+                    )
                 return verdict
             if ch.handler is not None:
                 args = {**kwargs, "params": None} if ch.wants_params else dict(kwargs)
@@ -319,7 +331,7 @@ class Dispatcher:
             verdict = (r.code, r.reason)
         except Exception:  # the application's bug: refused, logged, not remembered
             log.exception("publish check for %r failed", name)
-            return (ErrorCode.REJECTED, "publish check failed")
+            return (ErrorCode.REJECTED, f"publish check for {quoted(name)} failed")
         if hook is None:
             if known is None:
                 known = s.may_publish = {}
@@ -343,11 +355,12 @@ class Dispatcher:
 
     def _call(self, s: Session, m: Call) -> None:
         if not self._name_ok(m.method):
-            self._error(s, m.call, ErrorCode.TOO_LARGE, "method name too long")
+            self._error(s, m.call, ErrorCode.TOO_LARGE, self._too_long("method name", m.method))
             return
         method = self.registry.methods.get(m.method)
         if method is None:
-            self._error(s, m.call, ErrorCode.UNKNOWN, "unknown method")
+            # as for topics: the client's own name back, never a list of the methods
+            self._error(s, m.call, ErrorCode.UNKNOWN, f"unknown method {quoted(m.method)}")
             return
         calls = s.calls
         if calls is None:

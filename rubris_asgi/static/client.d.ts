@@ -92,6 +92,16 @@ export declare class RubrisError extends Error {
   name: "RubrisError";
   /** A §9 number (or the application's own) from the server; a string for the client's own. */
   code: number | ClientErrorCode;
+  /**
+   * A refused subscribe or a failed call: the server's own text (REJECTED's reason, the RESULT
+   * error's `message`). `message` begins with what was refused and names it once:
+   * `subscribe 'prices.AAPL' refused: not for you`, `call failed: unknown method 'plce_order'`.
+   */
+  reason?: string;
+  /** A refused subscribe (or consume): the topic it asked for. */
+  topic?: string;
+  /** A failed call, stream or streamIter: the method called. */
+  method?: string;
 }
 
 /** What SUBSCRIBED says of a topic (`Subscription#info`, `ready`, `onSubscribed`). */

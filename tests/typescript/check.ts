@@ -339,14 +339,24 @@ async function run(url: string, transport: Transport): Promise<RunSummary> {
     client.call("fail", { why: "testing" }),
     "a call the server rejects",
   );
-  assert(failed.message === "no such thing", `message ${failed.message}`);
+  // the message names the method once; the server's own text is `reason`
+  assert(failed.message === "call 'fail' failed: no such thing", `message ${failed.message}`);
+  assert(failed.reason === "no such thing" && failed.method === "fail", `reason ${failed.reason}`);
   errors.call = codeOf(failed);
-  errors.unknownMethod = codeOf(await refusal(client.call("no_such_method"), "an unknown method"));
+  const unknown = await refusal(client.call("no_such_method"), "an unknown method");
+  const unknownText = "call failed: unknown method 'no_such_method'";
+  assert(unknown.message === unknownText, `message ${unknown.message}`);
+  assert(unknown.method === "no_such_method", `method ${unknown.method}`);
+  errors.unknownMethod = codeOf(unknown);
   const refused: Refusal[] = [];
   const nope = client.subscribe<Price>("prices.NOPE", () => undefined, {
     onError: (err) => refused.push(err),
   });
-  errors.subscribe = codeOf(await refusal(nope.ready, "a refused subscription"));
+  const rejected = await refusal(nope.ready, "a refused subscription");
+  const rejectedText = "subscribe 'prices.NOPE' refused: unknown symbol";
+  assert(rejected.message === rejectedText, `message ${rejected.message}`);
+  assert(rejected.topic === "prices.NOPE" && rejected.reason === "unknown symbol", "topic");
+  errors.subscribe = codeOf(rejected);
   await until(() => refused.length === 1, "onError of the refused subscription");
   assert(nope.closed, "a refused subscription is closed");
   const streamFailure = await refusal(
@@ -355,7 +365,8 @@ async function run(url: string, transport: Transport): Promise<RunSummary> {
     })(),
     "a stream the server fails",
   );
-  assert(streamFailure.message === "cannot count to a negative number", streamFailure.message);
+  const streamText = "call 'count' failed: cannot count to a negative number";
+  assert(streamFailure.message === streamText, streamFailure.message);
   errors.streamIter = codeOf(streamFailure);
   errors.unknownBatch = codeOf(await refusal(client.watchBatch("nosuchbatch"), "unknown batch"));
   const openBatch = await client.call<string>("open_batch", {

@@ -41,6 +41,7 @@ from ...engine.engine import Engine
 from ...engine.queues import QueueTopic
 from ...errors import BatchError, MessageTooLarge, ProtocolError
 from ...protocol import Codec, Mode
+from ...protocol.naming import quoted
 from .guard import _JSON, Guard, OriginAllowed, Refusal, json_body, same_origin
 from .guard import AuthorizeApi as AuthorizeApi  # the hook's type, as app.py names it
 
@@ -296,12 +297,14 @@ class HttpApi(Guard):
             raise Refusal(400, f"an entry must be an object, got {_json_type(entry)}", index)
         extra = entry.keys() - (_ENQUEUE_KEYS if queue else _PUBLISH_KEYS)
         if extra:
-            raise Refusal(400, f"unknown field {sorted(extra)[0]!r}", index)
+            raise Refusal(400, f"unknown field {quoted(sorted(extra)[0])}", index)
         name = entry.get("topic")
         if not isinstance(name, str) or not name:
             raise Refusal(400, "topic must be a non-empty string", index)
-        if len(name.encode()) > self.config.limits.max_topic_name:
-            raise Refusal(400, "topic name too long", index)
+        size, most = len(name.encode()), self.config.limits.max_topic_name
+        if size > most:
+            why = f"topic name {quoted(name)} too long ({size} bytes, at most {most})"
+            raise Refusal(400, why, index)
         if name in channels:
             ch = channels[name]
         else:
@@ -312,7 +315,7 @@ class HttpApi(Guard):
             ch = channels[name] = found[0] if found is not None and wanted else None
         if ch is None:
             kind = "queue" if queue else "shared"
-            raise Refusal(404, f"no {kind} channel offers the topic {name!r}", index)
+            raise Refusal(404, f"no {kind} channel offers the topic {quoted(name)}", index)
         item_id = entry.get("id")
         if item_id is not None and (
             not isinstance(item_id, str) or not item_id or len(item_id.encode()) > MAX_ID

@@ -48,6 +48,7 @@ from ...engine.topics import RING, SharedTopic
 from ...errors import BrokerUnavailable, ProtocolError
 from ...protocol import COMPRESSED, Codec
 from ...protocol.deflate import inflate
+from ...protocol.naming import quoted
 from ...protocol.wire import read_uv
 from .guard import Refusal, answer_headers
 from .publish import HttpApi
@@ -81,8 +82,11 @@ class TopicApi:
         try:
             await api.admit(request, body=False)
             name = request.path_params["name"]
-            if len(name.encode()) > api.config.limits.max_topic_name:
-                raise Refusal(400, "topic name too long")
+            size, most = len(name.encode()), api.config.limits.max_topic_name
+            if size > most:
+                raise Refusal(
+                    400, f"topic name {quoted(name)} too long ({size} bytes, at most {most})"
+                )
             params = request.query_params
             after = _int(params.get("after"), "after", 0, _UV_MAX)
             epoch = _int(params.get("epoch"), "epoch", 0, _UV_MAX)
@@ -92,7 +96,7 @@ class TopicApi:
             await api.check_authorised(request, [(None, name)], "read")
             found = api.registry.match(name)
             if found is None or not found[0].shared:
-                raise Refusal(404, f"no shared channel offers the topic {name!r}")
+                raise Refusal(404, f"no shared channel offers the topic {quoted(name)}")
             topic = api.engine.topic_of(name, found[0])
             if api.broker.distributed:
                 await api.broker.follow(topic)  # what Redis holds, kept while read

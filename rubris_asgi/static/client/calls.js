@@ -11,6 +11,31 @@ import { RubrisError } from "./values.js";
 const WS_BUFFER_LIMIT = 16 * 1024 * 1024;
 /** Items a streamIter buffers before delivery waits for its consumer. */
 const STREAM_ITER_BUFFER = 256;
+/** Characters of a name an error shows at most, as the server does (protocol/naming.py). */
+const NAME_SHOWN = 100;
+
+/**
+ * `name` as the server quotes it in its reasons (Python's repr, cut after NAME_SHOWN characters
+ * with an ellipsis after the quote). Only rare characters are escaped differently; then an error
+ * shows the name twice, never not at all.
+ */
+function quoted(name) {
+  const chars = Array.from(String(name));
+  const cut = chars.slice(0, NAME_SHOWN);
+  const text = cut.join("");
+  const q = text.includes("'") && !text.includes('"') ? '"' : "'";
+  let out = q;
+  for (const ch of cut) {
+    const c = ch.codePointAt(0);
+    if (ch === "\\" || ch === q) out += `\\${ch}`;
+    else if (ch === "\n") out += "\\n";
+    else if (ch === "\r") out += "\\r";
+    else if (ch === "\t") out += "\\t";
+    else if (c < 0x20 || c === 0x7f) out += `\\x${c.toString(16).padStart(2, "0")}`;
+    else out += ch;
+  }
+  return out + q + (chars.length > NAME_SHOWN ? "…" : "");
+}
 
 export const callMethods = {
   // ----- public API --------------------------------------------------------------------------
@@ -104,6 +129,23 @@ export const callMethods = {
     return iterator;
   },
 
+  // ----- errors that name what was asked ------------------------------------------------------
+
+  /**
+   * A refusal of `action` on `name` as an error: its message begins with what was refused
+   * (`subscribe 'prices.AAPL' refused: not for you`), the name left out where the server's
+   * `reason` shows it already (`subscribe refused: unknown topic 'prics.AAPL'`), so that it
+   * appears once whichever server answered. `reason` (the server's own text) and `what` (e.g.
+   * `{topic: name}`) are set on the error too. Shared with subscriptions.js through `this`.
+   */
+  _namedError(action, name, outcome, reason, code, what) {
+    const shown = quoted(name);
+    const subject = reason.includes(shown) ? action : `${action} ${shown}`;
+    const err = new RubrisError(reason ? `${subject} ${outcome}: ${reason}` : `${subject} ${outcome}`, code);
+    err.reason = reason;
+    return Object.assign(err, what);
+  },
+
   // ----- call records ------------------------------------------------------------------------
 
   _startCall(method, args, stream) {
@@ -192,7 +234,7 @@ export const callMethods = {
     }
     if (m.kind === Kind.RESULT) {
       if (m.status === 0) this._settleCall(rec, value);
-      else this._failCall(rec, errorFromPayload(value));
+      else this._failCall(rec, this._callError(rec.method, value));
       return null;
     }
     // STREAM: an item, and/or the end. A non-empty payload on last=1 is a final item.
@@ -210,11 +252,17 @@ export const callMethods = {
     }
     return rec.stream?.backpressure?.() ?? null;
   },
-};
 
-function errorFromPayload(value) {
-  if (value && typeof value === "object") {
-    return new RubrisError(String(value.message ?? "call failed"), value.code ?? ErrorCode.REJECTED);
-  }
-  return new RubrisError(value === undefined ? "call failed" : String(value), ErrorCode.REJECTED);
-}
+  /** The error of a RESULT with status 1 (`{code, message}`) for a call of `method`. */
+  _callError(method, value) {
+    let message = "";
+    let code = ErrorCode.REJECTED;
+    if (value && typeof value === "object") {
+      message = value.message === undefined ? "" : String(value.message);
+      code = value.code ?? ErrorCode.REJECTED;
+    } else if (value !== undefined) {
+      message = String(value);
+    }
+    return this._namedError("call", method, "failed", message, code, { method });
+  },
+};

@@ -353,7 +353,8 @@ export const subscriptionMethods = {
     if (wire.state === "active" || wire.reqs.size > 0) return; // another request got through
     wire.state = "closed";
     if (this._wires.get(wire.key) === wire) this._wires.delete(wire.key);
-    const err = new RubrisError(m.reason || `subscription refused (code ${m.code})`, m.code);
+    // names the topic (calls.js): which of several subscriptions was refused is in the message
+    const err = this._namedError("subscribe", wire.name, "refused", m.reason, m.code, { topic: wire.name });
     this._endQueue(wire, err);
     this._enqueue({
       t: "fn",

@@ -38,7 +38,7 @@ from .engine.engine import Engine
 from .engine.queues import QueueSettings, QueueStats
 from .engine.session import Session, SessionState
 from .engine.topics import encode_payload
-from .errors import ErrorCode, QueueFull, SessionClosed
+from .errors import ErrorCode, QueueFull, SessionClosed, StartupError
 from .ops.observer import Observer
 from .ops.page import OpsPage
 from .ops.stats import Stats, collect_stats
@@ -600,19 +600,38 @@ class Rubris:
         await self.stop()
 
     async def start(self) -> None:
-        """Freeze registration and start the scheduler and housekeeping tasks."""
+        """Freeze registration and start the scheduler and housekeeping tasks.
+
+        Raises ``StartupError`` where the configuration or the environment does not let rubris
+        start (Redis out of reach, refusing, or not durable; several workers without a broker;
+        a batch store that cannot be opened): one line that says what to do, its traceback
+        logged at DEBUG. Nothing is left started then."""
         if self.started:
             return
         self.registry.freeze()
         loop = asyncio.get_running_loop()
-        if not self.broker.distributed and int(os.environ.get(WORKERS_ENV, "1")) > 1:
-            raise RuntimeError(
-                f"{os.environ[WORKERS_ENV]} workers without a broker would each serve their own "
-                "topics: set RUBRIS_REDIS_URL (or Rubris(broker=...)), or run one worker"
-            )
-        if any(ch.mode == Mode.QUEUE for ch in self.registry.channels):
-            self.broker.holds("work-queue items")  # a Redis that could lose them fails the start
-        membership = await self.broker.start(self.engine)  # first: one out of reach fails
+        try:
+            if not self.broker.distributed and int(os.environ.get(WORKERS_ENV, "1")) > 1:
+                raise StartupError(
+                    f"{os.environ[WORKERS_ENV]} workers without a broker would each serve their "
+                    "own topics: set RUBRIS_REDIS_URL=redis://HOST:6379/0 (or "
+                    "Rubris(broker=...)), or run one worker"
+                )
+            if any(ch.mode == Mode.QUEUE for ch in self.registry.channels):
+                self.broker.holds("work-queue items")  # a Redis that could lose them fails here
+            membership = await self.broker.start(self.engine)  # first: one out of reach fails
+            if self._batches is not None:
+                try:  # before anything runs: a store that cannot open leaves nothing to undo
+                    await self._batches.store.start()
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await self.broker.stop()
+                    raise
+        except StartupError as exc:
+            # not a bug: its line says what to do, and where in rubris it was raised would
+            # only bury it under a traceback (issue 36); that is for DEBUG
+            log.debug("rubris could not start", exc_info=True)
+            raise exc.with_traceback(None) from None
         if membership is not None:  # several nodes: shared publishes go through the broker
             self.engine.join(membership)
         self._loop = loop
@@ -642,7 +661,6 @@ class Rubris:
                 loop.create_task(reauthentication(self.websocket, every), name="rubris-reauth")
             )
         if self._batches is not None:
-            await self._batches.store.start()
             self._tasks.append(loop.create_task(self._batches.run(), name="rubris-batches"))
         if self.board.running:  # the snapshot shared with other workers, the ops history
             self._tasks.append(loop.create_task(self.board.run(), name="rubris-worker-stats"))

@@ -7,6 +7,8 @@ Tree::
     ├── MessageTooLarge        a publish over the configured maximum (code 5)
     ├── QueueFull              send_nowait() on a full private queue; enqueue() on a full work queue
     ├── BrokerUnavailable      Redis cannot take a publish, an enqueue or a send_to now
+    │   └── BrokerStartupError Redis out of reach, or refusing this node, at start (a StartupError)
+    ├── StartupError           rubris cannot start: configuration or environment (a RuntimeError)
     ├── DeliveryUnknown        send_to cannot tell whether its message was queued
     ├── SessionClosed          sending to a session that has ended
     ├── RegistrationClosed     registering a channel or method after start-up
@@ -79,6 +81,25 @@ class BrokerUnavailable(RubrisError):
     accepted; what was accepted before is kept and sent when the broker is back."""
 
     code = ErrorCode.TOO_MANY
+
+
+class StartupError(RubrisError, RuntimeError):
+    """rubris cannot start, for a reason of configuration or environment rather than a bug:
+    Redis out of reach or refusing (``BrokerStartupError``), a Redis that would lose what it
+    must keep (``RedisNotDurable``), several workers without a broker, a batch store that
+    cannot be opened. ``str(err)`` is one line that names what failed and what to do.
+
+    ``rubris_asgi.serve`` prints it as one ERROR line, ``rubris: {err}`` (the traceback goes to
+    the ``rubris_asgi`` logger at DEBUG), and exits with code 3; so does ``RubrisMiddleware``
+    under any server. A ``RuntimeError`` too: what ``Rubris.start`` raised for several workers
+    without a broker before this class existed."""
+
+
+class BrokerStartupError(BrokerUnavailable, StartupError):
+    """The broker cannot start: Redis out of reach (refused, unknown host, no answer within
+    ``connect_timeout``), refusing this node (its credentials, a missing permission, a replica
+    that takes no writes), or not ready. Its cause is logged at DEBUG, not chained: the one
+    line says what to do."""
 
 
 class DeliveryUnknown(RubrisError):

@@ -12,6 +12,10 @@ does not speak the lifespan protocol (Django's ``ASGIHandler`` raises for it) is
 a server that sends no lifespan at all (daphne, or uvicorn with ``--lifespan off``) gets rubris
 started by the first request, once (a rubris stopped by the app is not started again).
 
+A start-up failure of rubris's own (``StartupError``: Redis out of reach, a batch store that
+cannot be opened, ...) is logged as one ERROR line that says what to do, not a traceback, and
+the server is told the startup failed (with no message of its own to log again).
+
 Servers close their connections before they send ``lifespan.shutdown``, so the GOODBYE 9 of that
 stop reaches no client: ``rubris_asgi.serve`` / ``Server`` drain rubris first (uvicorn).
 
@@ -31,6 +35,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .app import Rubris
+from .errors import StartupError
 
 log = logging.getLogger("rubris_asgi")
 
@@ -139,6 +144,12 @@ class RubrisMiddleware:
             return  # not the protocol; nothing started, nothing to stop
         try:
             await self.rubris.start()
+        except StartupError as exc:
+            # what failed and what to do, in one line (its traceback at DEBUG: Rubris.start);
+            # told here, whatever the server logs, so the message it would log again is empty
+            log.error("rubris: %s", exc)
+            await send({"type": "lifespan.startup.failed", "message": ""})
+            return
         except Exception as exc:
             log.exception("rubris failed to start")
             await send({"type": "lifespan.startup.failed", "message": f"rubris: {exc}"})

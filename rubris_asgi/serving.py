@@ -6,6 +6,12 @@ instances first: every session gets GOODBYE 9 and its in-flight frames, then uvi
 and a connection whose peer stopped reading (which uvicorn would wait for forever) is cut after
 ``Timing.shutdown_drain``.
 
+A start-up failure of rubris's own (``StartupError``: Redis out of reach or not durable,
+several workers without a broker, ...) is told in one ERROR line that says what to do, instead
+of uvicorn's traceback (:class:`StartupLifespan`; the traceback is logged at DEBUG), and the
+process exits with code 3, uvicorn's for a failed start; with ``workers=N`` the supervisor
+tells each distinct line once.
+
 ``serve()`` also bounds what a connection may hold before rubris sees a request: an idle
 kept-alive connection is closed after ``Timing.idle_timeout`` (uvicorn's ``timeout_keep_alive``)
 and a request's head (request line and headers) must arrive within ``Timing.header_timeout``
@@ -26,20 +32,31 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.lifespan.on import LifespanOn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .app import Rubris
 from .cluster import WORKERS_ENV
 from .config import Timing
+from .errors import StartupError
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import SimpleQueue
+
+    from uvicorn.lifespan.on import LifespanSendMessage
 
 log = logging.getLogger("rubris_asgi")
+uvicorn_log = logging.getLogger("uvicorn.error")
+"""Where uvicorn logs its start-up failures: rubris's one line goes there too, alike."""
 
 
 RESPAWN_PAUSE = 1.0
@@ -49,17 +66,78 @@ STARTUP_GRACE = 10.0
 uvicorn alone does when its startup fails (a wrong setting would fail every replacement)."""
 
 
+_STARTUP_FAILED = "Application startup failed. Exiting."
+"""What uvicorn's lifespan logs after any failed start: a second line, with nothing to add to
+rubris's own."""
+
+
+class _Without(logging.Filter):
+    """Drops the records whose message is ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != self.text
+
+
+class StartupLifespan(LifespanOn):
+    """uvicorn's lifespan (``lifespan="on"`` or ``"auto"``) where a start-up failure of rubris's
+    own (``StartupError``) is told in one line, ``rubris: {error}``, through ``tell`` (uvicorn's
+    error log by default), instead of the traceback the app's framework sends and the line
+    uvicorn adds; ``failure`` keeps it. Any other failure is a bug: its traceback stays."""
+
+    def __init__(self, config: uvicorn.Config, tell: Callable[[str], None] | None = None) -> None:
+        super().__init__(config)
+        self.tell = tell or uvicorn_log.error
+        self.failure: StartupError | None = None
+        self._quiet = _Without(_STARTUP_FAILED)
+
+    async def startup(self) -> None:
+        try:
+            await super().startup()
+        finally:
+            self.logger.removeFilter(self._quiet)
+
+    async def send(self, message: LifespanSendMessage) -> None:
+        if message["type"] == "lifespan.startup.failed":
+            # Starlette (and RubrisMiddleware) send this while handling the exception, of
+            # which the message has only the text
+            error = sys.exc_info()[1]
+            if isinstance(error, StartupError):
+                self.failure = error
+                if message.get("message"):  # empty: told already, by RubrisMiddleware
+                    self.tell(f"rubris: {error}")
+                self.logger.addFilter(self._quiet)
+                message = {"type": "lifespan.startup.failed", "message": ""}
+        await super().send(message)
+
+
 class Server(uvicorn.Server):
     """``uvicorn.Server`` that drains ``rubris`` before closing connections (every ``Rubris``
-    started in this process when none is given: what a worker of ``serve(workers=N)`` does)."""
+    started in this process when none is given: what a worker of ``serve(workers=N)`` does),
+    and tells a start-up failure of rubris's own in one line (:class:`StartupLifespan`, through
+    ``tell``: uvicorn's error log by default)."""
 
     def __init__(
-        self, config: uvicorn.Config, rubris: Rubris | Iterable[Rubris] | None = None
+        self,
+        config: uvicorn.Config,
+        rubris: Rubris | Iterable[Rubris] | None = None,
+        *,
+        tell: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(config)
         if rubris is None:
             rubris = ()
         self.rubris = [rubris] if isinstance(rubris, Rubris) else list(rubris)
+        self.tell = tell
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn made its own from the config (lifespan "off" has nothing to tell)
+        if type(self.lifespan) is LifespanOn:
+            self.lifespan = StartupLifespan(self.config, self.tell)
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         targets = self.rubris or list(Rubris.running)
@@ -112,9 +190,12 @@ def serve(
         raise ValueError("serve(app, rubris): the Rubris to drain on the way out is missing")
     given = _given(rubris)  # read once: an iterator would be empty the second time
     config = uvicorn_config(app, given, host=host, port=port, **uvicorn_options)
+    server = Server(config, given)
     # uvicorn re-raises the Ctrl-C it handled gracefully; the shutdown is over by then
     with contextlib.suppress(KeyboardInterrupt):
-        Server(config, given).run()
+        server.run()  # recent uvicorn exits with code 3 itself where its startup failed
+    if not server.started:
+        raise SystemExit(STARTUP_FAILURE)
 
 
 def uvicorn_config(
@@ -281,16 +362,31 @@ else:
 
 
 def _serve_workers(config: uvicorn.Config, workers: int) -> None:
-    """Our own supervisor, as uvicorn's runs its plain ``Server`` in the workers (no drain)."""
+    """Our own supervisor, as uvicorn's runs its plain ``Server`` in the workers (no drain).
+
+    A worker whose start failed for a reason of rubris's own sends its one line here instead of
+    logging it: every worker fails alike (one setting), and the line is told once."""
     os.environ[WORKERS_ENV] = str(workers)  # the workers inherit it
     sock = config.bind_socket()
     ctx = multiprocessing.get_context("spawn")
     stopping = threading.Event()
+    failures: SimpleQueue[tuple[int, str]] = ctx.SimpleQueue()
+    told: set[str] = set()
+    reported: set[int] = set()
 
     def start() -> multiprocessing.process.BaseProcess:
-        p = ctx.Process(target=_worker, args=(config, sock), name="rubris-worker")
+        p = ctx.Process(target=_worker, args=(config, sock, failures), name="rubris-worker")
         p.start()
         return p
+
+    def tell() -> None:
+        """Log each line the workers sent that was not told yet."""
+        while not failures.empty():
+            pid, line = failures.get()
+            reported.add(pid)
+            if line not in told:
+                told.add(line)
+                uvicorn_log.error(line)
 
     def stop(signum: int, frame: object) -> None:
         stopping.set()
@@ -306,8 +402,16 @@ def _serve_workers(config: uvicorn.Config, workers: int) -> None:
             for i, p in enumerate(procs):
                 if p.is_alive() or stopping.is_set():
                     continue
-                if time.monotonic() - born[i] < STARTUP_GRACE:  # it could not even start
-                    log.error("worker %s failed to start (exit code %s)", p.pid, p.exitcode)
+                tell()  # what it sent before it died (a pipe: in it by now)
+                # it could not even start: its one line said why, or its traceback did
+                if p.pid in reported or time.monotonic() - born[i] < STARTUP_GRACE:
+                    if p.pid not in reported:
+                        log.error(
+                            "rubris: worker %s could not start (exit code %s, see above): "
+                            "stopping the workers; exit code 3",
+                            p.pid,
+                            p.exitcode,
+                        )
                     failed = True
                     stopping.set()
                     break
@@ -325,12 +429,18 @@ def _serve_workers(config: uvicorn.Config, workers: int) -> None:
                 p.kill()
                 p.join()
         sock.close()
+        tell()  # the others' lines, where one failed otherwise
     if failed:
-        raise SystemExit(3)  # uvicorn's code for a failed startup
+        raise SystemExit(STARTUP_FAILURE)
 
 
-def _worker(config: uvicorn.Config, sock: socket.socket) -> None:
+def _worker(
+    config: uvicorn.Config, sock: socket.socket, failures: SimpleQueue[tuple[int, str]]
+) -> None:
     config.configure_logging()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor says when (SIGTERM)
+    server = Server(config, tell=lambda line: failures.put((os.getpid(), line)))
     with contextlib.suppress(KeyboardInterrupt):
-        Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
+    if not server.started:
+        raise SystemExit(STARTUP_FAILURE)

@@ -19,6 +19,7 @@ chunk, so no index costs space beside them).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import UnknownBatch
+from ..errors import StartupError, UnknownBatch
 from . import tracker
 from .bits import CHUNK_BYTES
 from .ids import ItemRef
@@ -34,6 +35,8 @@ from .store import BatchStore
 from .tracker import LIVE, BatchRecord, BatchStatus, State
 
 T = TypeVar("T")
+
+log = logging.getLogger("rubris_asgi")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rubris_batches (
@@ -79,8 +82,36 @@ class SQLiteBatchStore(BatchStore):
     # the thread and the connection
 
     async def start(self) -> None:
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="rubris-sqlite")
+        """Start the store's thread and open the file if it exists (it is created by the first
+        batch): a file that cannot be opened (not a database, no permission, a full disk) or
+        a directory that does not exist raises ``StartupError`` here, one line that says what
+        to do, rather than at the first batch."""
+        if self._thread is not None:
+            return
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="rubris-sqlite")
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._check)
+        except StartupError:
+            await self.close()
+            raise
+
+    def _check(self) -> None:
+        """Open the database where it exists (in the store's thread); else make sure its
+        directory does, without creating the file."""
+        try:
+            if self.path == ":memory:" or Path(self.path).exists():
+                self._connect(create=True)
+                return
+            folder = Path(self.path).parent
+            if not folder.is_dir():
+                raise FileNotFoundError(f"no directory {folder}")
+        except (sqlite3.Error, OSError) as exc:
+            log.debug("the batch store %s cannot be opened", self.path, exc_info=exc)
+            raise StartupError(
+                f"cannot open the batch store {os.path.abspath(self.path)} ({exc}): give "
+                "Rubris(batches=...) a SQLite file this process can create or write (or "
+                "batches=False)"
+            ) from None
 
     async def close(self) -> None:
         if self._thread is None:

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .base import Broker, BrokerStats, LocalBroker
+from .base import ENV, WORKERS_ENV, Broker, BrokerStats, LocalBroker
 from .nodes import NodeLink
 
 if TYPE_CHECKING:
@@ -38,12 +38,6 @@ __all__ = [
     "broker_from",
     "cluster_from",
 ]
-
-ENV = "RUBRIS_REDIS_URL"
-"""The setting that makes every worker share its topics through that Redis."""
-WORKERS_ENV = "RUBRIS_WORKERS"
-"""Set by ``serve(workers=N)`` for its workers: a ``Rubris`` alone (no broker) refuses to start
-under several, as each would serve its own topics and a publish would reach a part of them."""
 
 
 def broker_from(spec: Broker | str | None) -> Broker:

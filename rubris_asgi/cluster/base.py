@@ -47,6 +47,12 @@ __all__ = [  # the requests' names as they were, before the node link had a modu
     "node_of",
 ]
 
+ENV = "RUBRIS_REDIS_URL"
+"""The setting that makes every worker share its topics through that Redis."""
+WORKERS_ENV = "RUBRIS_WORKERS"
+"""Set by ``serve(workers=N)`` for its workers: a ``Rubris`` alone (no broker) refuses to start
+under several, as each would serve its own topics and a publish would reach a part of them."""
+
 
 @dataclass
 class BrokerStats:

@@ -50,6 +50,8 @@ Scripts (each one ``EVALSHA``):
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import operator
 import sys
 from array import array
@@ -67,8 +69,14 @@ from ...batches.store import BatchStore
 from ...batches.tracker import BatchStatus, State
 from ...errors import BadCount, BatchExists, BatchSealed, ItemOutOfRange, UnknownBatch
 from .persistence import Persistence, read_persistence, require_durable
-from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, check_pool, connect, redacted
+from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, check_pool, connect, startup_error
 from .replicas import Replicas
+
+log = logging.getLogger("rubris_asgi.broker")
+
+START_TIMEOUT = 10.0
+"""Seconds ``start`` waits for Redis: a host that drops packets would otherwise hold it for the
+system's TCP timeout, minutes (the operations wait for as long as Redis takes)."""
 
 _U64_MAX = (1 << 64) - 1
 _PAIR = operator.attrgetter("group", "index")
@@ -394,6 +402,24 @@ class RedisBatchStore(BatchStore):
     # the connection
 
     async def start(self) -> None:
+        """Connect, read Redis's persistence (``RedisNotDurable`` here with ``check_at_start``)
+        and load the scripts. A Redis out of reach or refusing raises ``BrokerStartupError``,
+        one line that says what to do (its cause at DEBUG); nothing is left open."""
+        try:
+            await asyncio.wait_for(self._open(), START_TIMEOUT)
+        except BaseException as exc:
+            owned = self._owns_client
+            self.persistence = None  # read again, and checked again, by the next start
+            await self.close()
+            failure = startup_error(self.url, exc, START_TIMEOUT) if owned else None
+            if failure is None:  # RedisNotDurable, a bug, or the caller's client: as it is
+                raise
+            log.debug("%s", failure, exc_info=exc)
+            raise failure from None
+
+    async def _open(self) -> None:
+        """``start`` without its one-line errors: what the operations call when the store was
+        not started, whose callers handle what a lost Redis raises."""
         if self._client is None:
             self._client = connect(self.url, self.max_connections, self.pool_timeout)
             self._owns_client = True
@@ -421,12 +447,12 @@ class RedisBatchStore(BatchStore):
 
     def _durable(self) -> None:
         assert self.persistence is not None
-        where = redacted(self.url) if self._owns_client else "the client's"
-        require_durable(self.persistence, "batches", self.allow_volatile, where, self._warned)
+        url = self.url if self._owns_client else None
+        require_durable(self.persistence, "batches", self.allow_volatile, url, self._warned)
 
     async def _script(self, name: str) -> AsyncScript:
         if not self._scripts:
-            await self.start()
+            await self._open()
         return self._scripts[name]
 
     async def _write(self, name: str, *, keys: list[Any], args: list[Any]) -> Any:
@@ -437,7 +463,7 @@ class RedisBatchStore(BatchStore):
 
     async def _redis(self) -> aioredis.Redis:
         if self._client is None:
-            await self.start()
+            await self._open()
         assert self._client is not None
         return self._client
 

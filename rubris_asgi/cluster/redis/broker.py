@@ -61,7 +61,15 @@ from . import broker_lua
 from .nodes import DOWN, RETRIED, RedisNodeLink
 from .outbox import Entry, Outbox
 from .persistence import Persistence, read_persistence, require_durable
-from .pool import MAX_CONNECTIONS, POOL_TIMEOUT, PoolBusy, check_pool, connect, redacted
+from .pool import (
+    MAX_CONNECTIONS,
+    POOL_TIMEOUT,
+    PoolBusy,
+    check_pool,
+    connect,
+    redacted,
+    startup_error,
+)
 from .queues import RedisQueues
 from .reach import RETRY, Reach, end_if_cancelled
 from .replicas import Replicas
@@ -210,19 +218,22 @@ class RedisBroker(Broker):
                 self._holds.add("work-queue items")
             for what in sorted(self._holds):
                 self.require_durable(what)
-        except (*DOWN, asyncio.TimeoutError) as exc:
+            self._publish_script = self._redis.register_script(broker_lua.PUBLISH)
+            self._history_script = self._redis.register_script(broker_lua.HISTORY)
+            self._renumber_script = self._redis.register_script(broker_lua.RENUMBER)
+            self._pubsub = await self._open_pubsub()
+            await self.queues.start(engine)
+        except BaseException as exc:
+            await self._close_pubsub()
             await self._redis.aclose()
             self._redis = None
-            raise BrokerUnavailable(f"cannot reach Redis at {redacted(self.url)}: {exc}") from exc
-        except BaseException:
-            await self._redis.aclose()
-            self._redis = None
-            raise
-        self._publish_script = self._redis.register_script(broker_lua.PUBLISH)
-        self._history_script = self._redis.register_script(broker_lua.HISTORY)
-        self._renumber_script = self._redis.register_script(broker_lua.RENUMBER)
-        self._pubsub = await self._open_pubsub()
-        await self.queues.start(engine)
+            failure = startup_error(self.url, exc, self.connect_timeout)
+            if failure is None:
+                raise
+            # the one line says what to do; redis-py's chain of causes, printed under it, would
+            # bury it (issue 36): it is here for whoever debugs
+            log.debug("%s", failure, exc_info=exc)
+            raise failure from None
         self._tasks = [
             asyncio.create_task(
                 self.outbox.run(self._send, self.node, engine.room_made),
@@ -285,7 +296,7 @@ class RedisBroker(Broker):
         p = self.persistence
         if p is None:
             raise BrokerUnavailable("the broker is not started")
-        require_durable(p, what, self.allow_volatile, redacted(self.url), self._warned)
+        require_durable(p, what, self.allow_volatile, self.url, self._warned)
 
     # publishing
 

@@ -11,15 +11,17 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from ...errors import BrokerUnavailable
+from ...errors import BrokerUnavailable, StartupError
+from .pool import redacted, redis_cli
 
 log = logging.getLogger("rubris_asgi.broker")
 
 
-class RedisNotDurable(BrokerUnavailable):
+class RedisNotDurable(BrokerUnavailable, StartupError):
     """Redis runs without an append-only file (or its settings cannot be read), so what it
     holds would be lost on its restart: work-queue items and batches are not kept there
-    unless the broker or the store was made with ``allow_volatile=True``."""
+    unless the broker or the store was made with ``allow_volatile=True``. Its one line says
+    how to turn the append-only file on (a ``StartupError``: at start it stops rubris)."""
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,11 @@ class Persistence:
 
     def describe(self) -> str:
         if not self.source:
-            return f"its persistence settings cannot be read ({self.error})"
+            return f"its persistence settings cannot be read: {self.error}"
         aof = {True: "yes", False: "no", None: "unknown"}[self.aof]
         fsync = self.fsync or "unknown"
         save = "unknown" if self.save is None else repr(self.save)
-        return f"appendonly {aof}, appendfsync {fsync}, save {save} (from {self.source})"
+        return f"appendonly {aof}, appendfsync {fsync}, save {save}, from {self.source}"
 
 
 def _text(value: Any) -> str:
@@ -72,10 +74,16 @@ async def read_persistence(client: aioredis.Redis) -> Persistence:
 
 
 def require_durable(
-    persistence: Persistence, what: str, allow_volatile: bool, where: str, warned: set[str]
+    persistence: Persistence,
+    what: str,
+    allow_volatile: bool,
+    url: str | None,
+    warned: set[str],
 ) -> None:
-    """Refuse to keep ``what`` in a Redis that may lose it on a restart (``RedisNotDurable``),
-    or, allowed, say so once as a WARNING (``warned`` holds what was said)."""
+    """Refuse to keep ``what`` in the Redis at ``url`` (None: a client the caller made) if it
+    may lose it on a restart (``RedisNotDurable``), or, allowed, say so once as a WARNING
+    (``warned`` holds what was said)."""
+    where = "the client's" if url is None else redacted(url)
     if persistence.aof:
         if persistence.fsync == "no" and "fsync" not in warned:
             warned.add("fsync")
@@ -86,14 +94,35 @@ def require_durable(
                 where,
             )
         return
-    message = (
-        f"{what} kept in Redis at {where} would be lost on a Redis restart: "
-        f"{persistence.describe()}. Run Redis with `appendonly yes` (`appendfsync everysec`, or "
-        "`always` to lose nothing to a host crash either), or pass allow_volatile=True to "
-        "accept the loss"
+    problem = (
+        f"{what} kept in Redis at {where} would be lost on a Redis restart "
+        f"({persistence.describe()})"
     )
+    fix = _aof_fix(persistence, url)
     if not allow_volatile:
-        raise RedisNotDurable(message)
+        raise RedisNotDurable(f"{problem}: {fix}, or pass allow_volatile=True to accept the loss")
     if what not in warned:
         warned.add(what)
-        log.warning("%s (allowed: allow_volatile=True)", message)
+        log.warning("%s (allowed: allow_volatile=True); to keep them: %s", problem, fix)
+
+
+def _aof_fix(persistence: Persistence, url: str | None) -> str:
+    """What turns the append-only file on where ``url`` points, as one clause."""
+    if not persistence.source:  # the settings are hidden: they cannot be set from here either
+        return (
+            "run Redis with `appendonly yes` and let this client read CONFIG GET or INFO "
+            "persistence"
+        )
+    # CONFIG SET takes effect at once, without a restart; redis.conf keeps it past the next one
+    if url is None:
+        return "run `config set appendonly yes` on it and put `appendonly yes` in its redis.conf"
+    cli = redis_cli(url)
+    if cli is None:  # Sentinel: the master and every replica, which may be promoted
+        return (
+            "run `redis-cli config set appendonly yes` on the master and each replica and put "
+            "`appendonly yes` in their redis.conf"
+        )
+    return (
+        f"run `{cli} config set appendonly yes` and put `appendonly yes` in its redis.conf "
+        "(or start redis-server with --appendonly yes)"
+    )

@@ -10,16 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import MasterNotFoundError, SentinelConnectionPool
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    MasterDownError,
+    MaxConnectionsError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ...errors import BrokerUnavailable
+from ...errors import BrokerStartupError, BrokerUnavailable
+from ..base import ENV
+from .nodes import DOWN
 
 MAX_CONNECTIONS = 64
 """Connections to Redis one node opens at most, by default (``max_connections``): one is the
@@ -312,6 +326,86 @@ def redacted(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
+
+
+def redis_cli(url: str) -> str | None:
+    """The ``redis-cli`` command line that reaches the Redis at ``url`` (``--askpass`` where
+    it needs a password: never the password itself); None for a Sentinel URL, whose master
+    changes, or one that cannot be read."""
+    parts = urlsplit(url)
+    try:
+        if parts.scheme == "unix":
+            args = ["-s", parts.path]
+        elif parts.scheme in ("redis", "rediss"):
+            host = parts.hostname or "127.0.0.1"
+            args = [] if host in ("127.0.0.1", "localhost") else ["-h", host]
+            args += ["-p", str(parts.port or 6379)]
+            if parts.scheme == "rediss":
+                args.append("--tls")
+        else:
+            return None
+    except ValueError:  # a port that is no number
+        return None
+    if parts.password:
+        if parts.username:
+            args += ["--user", unquote(parts.username)]
+        args.append("--askpass")
+    return " ".join(["redis-cli", *args])
+
+
+def startup_error(url: str, exc: BaseException, timeout: float) -> BrokerStartupError | None:
+    """What ``exc``, raised while starting on the Redis at ``url``, tells its user in one line:
+    what failed and what to do. None when it says nothing of Redis or of its settings (a bug,
+    whose traceback must stay)."""
+    while isinstance(exc, BrokerUnavailable) and exc.__cause__ is not None:
+        exc = exc.__cause__  # a wrapper of ours ("cannot use Redis at start"): its cause says
+    where = redacted(url)
+    setting = ENV if os.environ.get(ENV) == url else "the Redis URL given to rubris"
+    if isinstance(exc, AuthenticationError):  # before ConnectionError, its base
+        why = f"Redis at {where} refused this node's credentials ({exc})"
+        fix = f"put the right user and password in {setting} (redis://USER:PASSWORD@HOST:PORT/DB)"
+    elif isinstance(exc, BusyLoadingError):
+        why, fix = f"Redis at {where} is loading its data ({exc})", "start again once it answers"
+    elif isinstance(exc, MasterNotFoundError):
+        why = f"cannot reach Redis at {where} ({exc})"
+        fix = f"start the Sentinels and their master, or fix {setting}"
+    elif isinstance(exc, (*DOWN, asyncio.TimeoutError)):
+        why = f"cannot reach Redis at {where} ({_unreachable(exc, timeout)})"
+        fix = f"start redis-server there or fix {setting}"
+    elif isinstance(exc, ReadOnlyError):
+        why = f"Redis at {where} takes no writes, a replica ({exc})"
+        fix = f"point {setting} at the master, or at its Sentinels (redis+sentinel://...)"
+    elif isinstance(exc, OutOfMemoryError):
+        why = f"Redis at {where} is out of memory ({exc})"
+        fix = "raise its maxmemory or free memory there"
+    elif isinstance(exc, (MasterDownError, TryAgainError)):
+        why, fix = f"Redis at {where} refuses writes for now ({exc})", "start again shortly"
+    elif isinstance(exc, NoPermissionError):
+        why = f"Redis at {where} refused a command to this node's user ({exc})"
+        fix = "allow that user the commands, keys and channels rubris uses (ACL SETUSER)"
+    elif isinstance(exc, ResponseError):
+        why = f"Redis at {where} refused a command at start ({exc})"
+        fix = "rubris needs Redis 5.0 or later, standalone or under Sentinel"
+    else:
+        return None
+    return BrokerStartupError(f"{why}: {fix}")
+
+
+def _unreachable(exc: BaseException, timeout: float) -> str:
+    """Why a connection failed, in a few words: the socket's own reason where there is one
+    ("Connection refused", "Name or service not known"), which redis-py buries in its own."""
+    if isinstance(exc, (asyncio.TimeoutError, RedisTimeoutError)):
+        return f"no answer within {timeout:g} s"
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            # asyncio's own loop words it "Connect call failed (...)", uvloop as the system
+            if isinstance(seen.errno, int) and seen.errno > 0:
+                return os.strerror(seen.errno)
+            if seen.strerror:  # a resolver's (gaierror: negative codes of its own)
+                return str(seen.strerror)
+        seen = seen.__cause__ or seen.__context__
+    return str(exc) or type(exc).__name__
 
 
 def check_pool(max_connections: int, pool_timeout: float) -> None:

@@ -408,11 +408,19 @@ async def test_queue_item_ends_wait_for_redis_to_come_back() -> None:
 
 
 async def test_open_with_the_producers_id(app: tuple[Rubris, httpx.AsyncClient]) -> None:
-    _rubris, http = app
+    rubris, http = app
     r = await http.post("/api/batches", json={"batch": "job-7_a"}, headers=AUTH)
     assert r.status_code == 201 and r.json() == {"batch": "job-7_a", "state": "open"}
     r = await http.post("/api/batches", json={"batch": "job-7_a"}, headers=AUTH)
     assert r.status_code == 409, r.text
+    assert r.json() == {"error": "batch job-7_a exists already", "index": None}
+    # "it exists" answers the producer that chose the id (each of its tasks opens it): not an
+    # error for the ops page; adding to a sealed batch is one
+    assert not rubris.engine.telemetry.api_refusals
+    await http.post("/api/batches/job-7_a/seal", headers=AUTH)
+    r = await http.post("/api/batches/job-7_a/items", json={"count": 1}, headers=AUTH)
+    assert r.status_code == 409
+    assert rubris.engine.telemetry.api_refusals == {409: 1}
     for bad in ("", "a:b", "x" * 65, 7):
         r = await http.post("/api/batches", json={"batch": bad}, headers=AUTH)
         assert r.status_code == 400, (bad, r.text)

@@ -238,7 +238,7 @@ def _basic(user: str, password: str) -> dict[str, str]:
 
 
 async def test_the_ops_page_and_stats_refuse_without_authorisation() -> None:
-    app, _rubris = make_app(ops=True)
+    app, rubris = make_app(ops=True)
     async with run_server(app) as base, httpx.AsyncClient(base_url=base + "/rubris") as http:
         for path in ("/ops", "/ops/stats", "/ops/ops.js"):
             r = await http.get(path)
@@ -257,6 +257,10 @@ async def test_the_ops_page_and_stats_refuse_without_authorisation() -> None:
         body = orjson.loads(r.content)
         [worker] = body["workers"]
         assert worker["self"] is True
+        # what the Errors table shows (api_refusals): the wrong token and the wrong password
+        # of each path, not the 401 without credentials that every browser visit starts with
+        # (it brings up the login prompt)
+        assert rubris.engine.telemetry.api_refusals == {401: 6}
         assert set(worker) >= {
             "worker",
             "sessions",
@@ -284,6 +288,9 @@ async def test_the_ops_page_asks_the_authorisation_hook() -> None:
         assert (await http.get("/ops/stats")).status_code == 403
         assert (await http.get("/ops/stats", headers={"x-role": "ops"})).status_code == 200
     assert asked == ["$ops", "$ops"]
+    # the hook's refusal is counted, though the request sent no Authorization: only a 401
+    # asks a browser for credentials
+    assert rubris.engine.telemetry.api_refusals == {403: 1}
 
 
 async def test_ops_is_off_by_default_and_needs_authorisation() -> None:

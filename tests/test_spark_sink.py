@@ -160,6 +160,8 @@ async def test_enqueue_retried_task_tracked_completes_once(spark: Any) -> None:
             final = await watcher
             assert final["state"] == "complete" and final["done"] == 6000
             assert sorted(done) == list(range(6000))
+            # the deliberate 403 alone among the refusals the ops page counts
+            assert rubris.engine.telemetry.api_refusals == {403: 1}
 
 
 async def test_bad_rows_and_options_fail_clearly(spark: Any) -> None:
@@ -231,6 +233,8 @@ async def test_stream_enqueue_tracked_replay_enqueues_nothing_twice(
             ]
             query_batches = [a["batch"] for a in sealed]
             assert query_batches[0].endswith("-0") and query_batches[1].endswith("-1")
+            # each micro-batch's batch opened once, by its task: no 409 from the commit
+            assert not rubris.engine.telemetry.api_refusals
             # the driver died after the sink's commit of micro-batch 1 but before Spark
             # recorded it: the restarted query writes micro-batch 1 again
             (checkpoint / "commits" / "1").unlink()
@@ -240,6 +244,9 @@ async def test_stream_enqueue_tracked_replay_enqueues_nothing_twice(
             replay = [a for a in announced if "rows" in a][-1]
             assert replay["batch"] == query_batches[1]  # the same batch
             assert (replay["total"], replay["rows"]) == (100, 100)  # and nothing added to it
+            # the replay's task found its batch open: the 409 that tells it so is an answer
+            # to a producer that chose the id, not an error the ops page counts
+            assert not rubris.engine.telemetry.api_refusals
             stats = rubris.queue_stats("jobs")
             assert (stats.enqueued, stats.duplicates) == (200, 100)
             done: list[int] = []

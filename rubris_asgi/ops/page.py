@@ -2,7 +2,8 @@
 
 Off unless ``Rubris(ops=True)``, and then behind the HTTP API's authorisation: the API token
 (as ``Authorization: Bearer``, or as the password of HTTP Basic, which is what a browser can
-send when it navigates to a page: the 401 asks for it) and the ``authorize_api`` hook, asked
+send when it navigates to a page: the 401 asks for it, and is not counted among the refusals
+when the request sent no credentials, :func:`challenge`) and the ``authorize_api`` hook, asked
 with the name ``OPS`` (a name no channel can offer, so a hook that allows topics by pattern
 does not open the page by accident). The stats answer is every worker's snapshot
 (workers.py); the page (static/ops/ops.js and the modules beside it, no build) polls it every
@@ -58,6 +59,15 @@ _PAGE = """<!doctype html>
 """
 
 
+def challenge(request: Request, refusal: Refusal) -> bool:
+    """Whether ``refusal`` is the 401 that asks a browser for credentials: the request sent
+    none. A browser opening the page always asks without them first and sends them only after
+    this answer brings up its login prompt, so every visit starts with one; counted, it would
+    fill the Errors table of the very page the operator just opened. A request that sent
+    credentials the page refused (a wrong password or token) is counted."""
+    return refusal.status == 401 and "authorization" not in request.headers
+
+
 class OpsPage:
     """The routes of the operations page (mounted by ``Rubris`` when ``ops=True``)."""
 
@@ -84,7 +94,8 @@ class OpsPage:
             await self.api.check_authorised(request, [(None, OPS)], "see")
         except Refusal as r:
             headers = {"WWW-Authenticate": 'Basic realm="rubris ops"'} if r.status == 401 else {}
-            self.api.engine.telemetry.api_refusals[r.status] += 1
+            if not challenge(request, r):
+                self.api.engine.telemetry.api_refusals[r.status] += 1
             return Response(
                 orjson.dumps({"error": r.error}),
                 r.status,

@@ -81,6 +81,9 @@ class SinkCommit(WriterCommitMessage):
     """Items a tracked write added to its batch (the rest were duplicates)."""
     batch: str | None
     """The tracker batch of a tracked stream's micro-batch, computed by the task."""
+    opened: bool = False
+    """This task opened the tracker batch of its micro-batch (or found it open): the driver's
+    commit need not open it again."""
 
 
 def batch_writer(options: dict[str, str], schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -123,7 +126,7 @@ class RubrisBatchWriter(DataSourceArrowWriter):
         return write_partition(self.opts, self.key, self.batch, rows, plain=True)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        _finish(self.opts, self.batch, messages, f"write {self.key}")
+        _finish(self.opts, self.batch, messages, f"write {self.key}", opened=True)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         # the items already enqueued will be worked: seal, so the batch ends with them
@@ -131,7 +134,7 @@ class RubrisBatchWriter(DataSourceArrowWriter):
         log.warning(
             "rubris: write %s failed; sealing batch %s with what was enqueued", self.key, self.batch
         )
-        _finish(self.opts, self.batch, messages, f"failed write {self.key}")
+        _finish(self.opts, self.batch, messages, f"failed write {self.key}", opened=True)
 
 
 class RubrisStreamWriter(DataSourceStreamWriter):
@@ -151,7 +154,8 @@ class RubrisStreamWriter(DataSourceStreamWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         batch = next((m.batch for m in messages if isinstance(m, SinkCommit) and m.batch), None)
-        _finish(self.opts, batch, messages, f"micro-batch {batchId}")
+        opened = any(isinstance(m, SinkCommit) and m.opened for m in messages)
+        _finish(self.opts, batch, messages, f"micro-batch {batchId}", opened=opened)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning(
@@ -193,9 +197,12 @@ def write_partition(
 
         def send() -> None:
             nonlocal first, opened
-            if params is not None and not opened:
+            # only a task with rows opens the batch: each open of a batch already open is a
+            # request for nothing (a 409), so a task with nothing to send leaves it to the
+            # others, or to the driver's commit
+            if params is not None and not opened and core.batch.lines:
                 _open_batch(http, opts, batch)
-                opened = True
+                opened = done.opened = True
             while core.batch.lines:
                 body, n = core.batch.take(core.request_size())
                 try:
@@ -230,8 +237,16 @@ def write_partition(
 
 
 def _finish(
-    opts: SinkOptions, batch: str | None, messages: list[WriterCommitMessage | None], what: str
+    opts: SinkOptions,
+    batch: str | None,
+    messages: list[WriterCommitMessage | None],
+    what: str,
+    *,
+    opened: bool,
 ) -> None:
+    """Log what the tasks sent; seal a tracked write's batch, opened first unless ``opened``
+    (the driver of a ``df.write`` or a task of the micro-batch opened it: opening it again would
+    be a request for nothing, a 409)."""
     commits = [m for m in messages if isinstance(m, SinkCommit)]
     rows = sum(m.rows for m in commits)
     log.info(
@@ -246,7 +261,8 @@ def _finish(
         return
     log.info("rubris: %s added %d items to batch %s", what, sum(m.enqueued for m in commits), batch)
     with _client(opts) as http:
-        _open_batch(http, opts, batch)  # a micro-batch whose tasks enqueued nothing
+        if not opened:
+            _open_batch(http, opts, batch)  # a micro-batch none of whose tasks had rows
         status = _call(http, opts, "POST", f"/api/batches/{batch}/seal", None)
         log.info("rubris: batch %s sealed: %s", batch, status)
         if opts.announce:

@@ -30,7 +30,7 @@ from starlette.routing import BaseRoute, Route
 
 from ...batches.ids import BATCH_ID, ItemRef, new_batch_id, parse_item
 from ...batches.service import Batches
-from ...errors import BatchError
+from ...errors import BatchError, BatchExists
 from ..hardening import may_have_body
 from .guard import _JSON, Refusal, answer_headers, json_body
 from .publish import HttpApi
@@ -72,6 +72,11 @@ class BatchApi:
                 raise Refusal(400, "batch must be 1 to 64 letters, digits, - or _")
             await self.api.check_authorised(request, [(None, f"batch.{batch}")], "use")
             opened = await self.batches.open(batch)
+        except BatchExists as exc:
+            # a producer that chose the id opens it from each of its tasks and retries (the
+            # Spark sink): "it exists" is what it asked, an answer, not an error to count
+            same = Refusal(exc.status, exc.reason)  # the body every refusal has
+            return self._answer({"error": same.error, "index": same.index}, same.status)
         except (Refusal, BatchError) as exc:
             return self._refused(exc)
         return self._answer({"batch": opened, "state": "open"}, 201)

@@ -2,7 +2,7 @@
 
 Started by bench/abuse.py as a subprocess (``--port`` chosen by the bench, ``--dir`` a scratch
 directory for the batch store); not meant to be run by hand, though
-``python bench/_abuse_server.py --port 8000 --dir /tmp`` works. Everything is on 127.0.0.1.
+``python3 bench/_abuse_server.py --port 8000 --dir /tmp`` works. Everything is on 127.0.0.1.
 
 ``Rubris()`` with the default ``Config`` (no limit or timing changed), served by
 ``rubris_asgi.serve`` (which sets uvicorn's timeouts) with uvicorn's log at ``warning``:

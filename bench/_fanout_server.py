@@ -1,7 +1,7 @@
 """The server half of bench/fanout.py: a Starlette app with Rubris at /rubris, and a publisher.
 
 Started by bench/fanout.py as a subprocess, pinned to one core (``--cpu``); not meant to be run
-by hand (though ``python bench/_fanout_server.py --topics 10`` works and prints ``PORT n``).
+by hand (though ``python3 bench/_fanout_server.py --topics 10`` works and prints ``PORT n``).
 ``--server uvicorn|hypercorn|granian`` (default uvicorn) picks the ASGI server; how each is set
 up is in bench/_servers.py. Under granian the app runs in granian's worker process, a child of
 this one: the figures below (CPU, RSS, GC) are that worker's, its Rust threads included.

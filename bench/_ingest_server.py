@@ -1,7 +1,7 @@
 """The server half of bench/ingest.py: uvicorn + Starlette + Rubris with the HTTP API on.
 
 Started by bench/ingest.py as a subprocess, pinned to one core; not meant to be run by hand
-(though ``python bench/_ingest_server.py --topics 1000`` works and prints ``PORT n``).
+(though ``python3 bench/_ingest_server.py --topics 1000`` works and prints ``PORT n``).
 
 Channels: ``bench.{n}``, ring channels. Outside publishers POST to ``/rubris/api/publish`` with
 ``Authorization: Bearer <--token>``; the intake moves one message per ring topic per cycle.

@@ -1,7 +1,7 @@
 """The server half of bench/queues.py: uvicorn + Starlette + Rubris with one work queue, a producer.
 
 Started by bench/queues.py as a subprocess, pinned to one core; not meant to be run by hand
-(though ``python bench/_queues_server.py`` works and prints ``PORT n``).
+(though ``python3 bench/_queues_server.py`` works and prints ``PORT n``).
 
 The queue channel is ``jobs`` (max_length 100,000, ``client_publish=True`` so that a client
 producer may PUBLISH items, the other settings the package defaults); ``--no-codel`` registers

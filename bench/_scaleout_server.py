@@ -1,7 +1,7 @@
 """The server half of bench/scaleout.py: bench/_fanout_server.py's app with a publisher for nodes.
 
 Started by bench/scaleout.py as a subprocess (one per node), pinned with ``--cpu``; not meant
-to be run by hand (``python bench/_scaleout_server.py --topics 10`` works and prints ``PORT n``).
+to be run by hand (``python3 bench/_scaleout_server.py --topics 10`` works and prints ``PORT n``).
 Always uvicorn (bench/_servers.py): one node is one process, so its CPU is getrusage's.
 
 ``--redis URL`` sets ``RUBRIS_REDIS_URL`` before the app builds its ``Rubris()``, exactly as a

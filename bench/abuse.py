@@ -79,7 +79,7 @@ The last line, key=value (targets in brackets):
 
 A scenario that fails outright prints its error and ``error`` for its keys.
 
-    python bench/abuse.py
+    python3 bench/abuse.py
 """
 
 from __future__ import annotations

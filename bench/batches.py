@@ -25,8 +25,8 @@ client has the push saying ``completed`` is measured. Median and 90th percentile
 The last line is ``sqlite_acks_per_s=N redis_acks_per_s=N sqlite_bytes_per_item=B
 redis_bytes_per_item=B``.
 
-    python bench/batches.py            # about a minute
-    python bench/batches.py --quick    # 200,000 items, one repeat
+    python3 bench/batches.py            # about a minute
+    python3 bench/batches.py --quick    # 200,000 items, one repeat
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ Not a test. It times what runs per message in a busy server or client:
 
 Each figure is the median of several rounds, in nanoseconds per message.
 
-    python bench/codec.py            # last line: push_ns=N encode_ns=N decode_push_ns=N ...
-    python bench/codec.py --quick
+    python3 bench/codec.py            # last line: push_ns=N encode_ns=N decode_push_ns=N ...
+    python3 bench/codec.py --quick
 """
 
 from __future__ import annotations

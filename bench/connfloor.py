@@ -1,6 +1,6 @@
 """The server's own floor: what a WebSocket connection costs uvicorn with an app that does nothing.
 
-    python bench/connfloor.py [--n 5000]
+    python3 bench/connfloor.py [--n 5000]
 
 Not a test. The app is raw ASGI, no Starlette and no rubris: it accepts the connection and
 waits for its end (and answers any HTTP request with its process's RSS after ``gc.collect()``).

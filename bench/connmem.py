@@ -1,6 +1,6 @@
 """What one WebSocket connection costs in server memory: Rubris (or the plain loop) on uvicorn.
 
-    python bench/connmem.py [--n 10000] [--app rubris|plain|both] [--tracemalloc]
+    python3 bench/connmem.py [--n 10000] [--app rubris|plain|both] [--tracemalloc]
 
 The server (bench/_connmem_server.py: uvicorn with uvloop, httptools, websockets-sansio, no
 permessage-deflate, as bench/_servers.py serves every bench) runs on 127.0.0.1, pinned to core

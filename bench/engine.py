@@ -4,8 +4,8 @@ Not a test. Sans-IO: no sockets, so it measures the scheduler's own cost: the fa
 per-session fair slice and frame assembly. Every topic publishes once per cycle and every
 subscriber receives it, so deliveries per cycle = sessions x topics per session.
 
-    python bench/engine.py            # both cases; last line: deliveries_per_s=N (1,000 x 100)
-    python bench/engine.py --quick    # fewer cycles
+    python3 bench/engine.py            # both cases; last line: deliveries_per_s=N (1,000 x 100)
+    python3 bench/engine.py --quick    # fewer cycles
 """
 
 from __future__ import annotations

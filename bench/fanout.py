@@ -65,14 +65,14 @@ with 3 decimals). A window in which other processes used one of
 the two cores is marked ``NOISY`` and measured again (``--noisy-retries``, default 1); before
 each phase the run waits (``--quiet-wait``, up to 5 s) for both cores to be idle.
 
-    python bench/fanout.py            # full run, about 2 minutes
-    python bench/fanout.py --quick    # 100 x 10 and 1,000 x 10, shorter phases, about 30 s
-    python bench/fanout.py --server granian --app plain --clients 1000 --topics 1 \
+    python3 bench/fanout.py            # full run, about 2 minutes
+    python3 bench/fanout.py --quick    # 100 x 10 and 1,000 x 10, shorter phases, about 30 s
+    python3 bench/fanout.py --server granian --app plain --clients 1000 --topics 1 \
         --phases max,10000            # one custom case, any server and app
 
 The last line of output is one JSON object with every figure.
 
-    python bench/fanout.py --compare-servers     # about 3-5 minutes
+    python3 bench/fanout.py --compare-servers     # about 3-5 minutes
 
 compares the servers side by side: Rubris 1,000 clients x 1 topic (10,000 deliveries/s = 10
 messages/s, then max), the plain loop 1,000 x 1 (the same phases) and Rubris 1,000 x 10
@@ -86,8 +86,8 @@ phase was sustained; then, per server, Rubris's latency p99 over the plain loop'
 ``uvicorn_per_cpu_s=N hypercorn_per_cpu_s=N granian_per_cpu_s=N``: Rubris's deliveries per
 server CPU-second at 1,000 x 1, max phase (0 for a server that failed the case).
 
-    python bench/fanout.py --compare-plain           # about 7 minutes (3 rounds)
-    python bench/fanout.py --compare-plain --quick   # about 4 minutes (2 rounds, 0.5 s
+    python3 bench/fanout.py --compare-plain           # about 7 minutes (3 rounds)
+    python3 bench/fanout.py --compare-plain --quick   # about 4 minutes (2 rounds, 0.5 s
                                                      # warm-up and 3 s measured per phase)
 
 sets Rubris against the plain loop on uvicorn, side by side in one run, for three cases:

@@ -33,8 +33,8 @@ faults of Redis. Each scenario takes 10-70 s, all of them about 6 minutes on 2 c
 for the fourteen before the failover rows); after the faults that move every client of a node,
 its sessions are carried through Redis one frame at a time (the "settle s" column).
 
-    python bench/faults.py                       # every row, 1,000 sessions
-    python bench/faults.py --clients 200 --only reset,kill,failover
+    python3 bench/faults.py                       # every row, 1,000 sessions
+    python3 bench/faults.py --clients 200 --only reset,kill,failover
 
 Per scenario, a table row of the counts (ring seqs expected, received, GAPed, lost without a
 GAP, doubled; accepted publishes never numbered; sends ok / refused / unknown, lost, doubled,

@@ -17,8 +17,8 @@ and a module compiled from source at every import would be timed with its compil
 first, untimed child per statement fills that cache. The statements take turns, run after run,
 so that a burst of load elsewhere on the machine falls on all of them alike.
 
-    python bench/imports.py            # last line: client_ms=N protocol_ms=N spark_ms=N ...
-    python bench/imports.py --runs 15
+    python3 bench/imports.py            # last line: client_ms=N protocol_ms=N spark_ms=N ...
+    python3 bench/imports.py --runs 15
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ marked NOISY.
 
 How to run it:
 
-    python bench/ingest.py            # full run, about 1.5 minutes
-    python bench/ingest.py --quick    # shorter windows, about 1 minute
+    python3 bench/ingest.py            # full run, about 1.5 minutes
+    python3 bench/ingest.py --quick    # shorter windows, about 1 minute
 
 The last two lines are the summary:
 ``unpaced_refused=N unpaced_wasted_requests=N unpaced_p99_ms=X paced_p99_ms=X paced_max_fill=N``

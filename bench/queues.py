@@ -127,9 +127,9 @@ Refusals (client producer runs): ``told`` = refusals the producer was told about
 nothing else in these runs is refused), shown beside "offered - enqueued" (ids offered minus the
 queue's ``enqueued``) as a cross-check. ``refused_untold`` = server's count - told, summed.
 
-    python bench/queues.py            # full run, about 3 minutes
-    python bench/queues.py --quick    # shorter phases, scenario: prefetch 51 and auto+CoDel
-    python bench/queues.py --skip-engine --skip-e2e --setups auto,auto+CoDel --json out.json
+    python3 bench/queues.py            # full run, about 3 minutes
+    python3 bench/queues.py --quick    # shorter phases, scenario: prefetch 51 and auto+CoDel
+    python3 bench/queues.py --skip-engine --skip-e2e --setups auto,auto+CoDel --json out.json
 
 Before the last line: the scenario's table, the disturbed table, the targets, and the earlier
 figures as ``previous figures: items_per_s=N engine_items_per_s=N codel_p99_vs_prefetch51=R``.

@@ -98,9 +98,9 @@ The headline figures:
                             one core, which if anything costs them). The raw measured max
                             delivered/s of redis2 over local's is printed beside it
 
-    python bench/scaleout.py            # about 3 minutes (at most ~4.5)
-    python bench/scaleout.py --quick    # 2 windows each, shorter: about a minute
-    python bench/scaleout.py --configs local,redis1 --phases fixed --rate 40000
+    python3 bench/scaleout.py            # about 3 minutes (at most ~4.5)
+    python3 bench/scaleout.py --quick    # 2 windows each, shorter: about a minute
+    python3 bench/scaleout.py --configs local,redis1 --phases fixed --rate 40000
 
 The last lines are one JSON object with every window's figures, then
 ``redis_cpu_overhead_pct=X two_workers_vs_one=R``.

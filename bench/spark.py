@@ -52,7 +52,7 @@ bench/ingest.py.
     trades read from the ring topic ``trades`` with ``readStream.format("rubris")``, per-symbol
     OHLC/VWAP bars per window, update output mode, each micro-batch's changed bars written to
     ``bars.{symbol}`` by the rubris sink). The example app (``example_app.app:app``, served
-    with ``rubris_asgi.serve`` as ``python -m example_app`` does, ``RUBRIS_API_TOKEN`` set) runs
+    with ``rubris_asgi.serve`` as ``python3 -m example_app`` does, ``RUBRIS_API_TOKEN`` set) runs
     on core 0 with its own simulated market printing trades; the query (trigger 0 s) runs in
     this process's SparkSession; one client (``_bars`` mode) subscribes to ``bars.{symbol}``
     for every symbol. Latency of a bar = the wall-clock time its push came out of the client's
@@ -65,8 +65,8 @@ bench/ingest.py.
 Targets (the issue): Spark >= 50,000 rows/s and >= 0.8 x the plain loop; bar latency p99 <=
 the window + 1 s.
 
-    python bench/spark.py            # 3 rounds each, 40 s of bars: about 2.5 minutes
-    python bench/spark.py --quick    # 1 round each of 200,000 rows, 10 s of bars: about 1 minute
+    python3 bench/spark.py            # 3 rounds each, 40 s of bars: about 2.5 minutes
+    python3 bench/spark.py --quick    # 1 round each of 200,000 rows, 10 s of bars: about 1 minute
 
 Before the last line, the medians as a markdown table and the targets met or missed. The last
 line: ``spark_rows_per_s=N loop_rows_per_s=N bar_p50_ms=N bar_p99_ms=N ratio=R window_s=S``
@@ -659,7 +659,7 @@ def serve_mode(argv: list[str]) -> None:
 
 
 def app_mode(argv: list[str]) -> None:
-    """The example app, served as ``python -m example_app`` serves it."""
+    """The example app, served as ``python3 -m example_app`` serves it."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--cpu", type=int, default=None)

@@ -1,4 +1,4 @@
-"""``python -m example_app --port 8000``: serve the demo on 127.0.0.1.
+"""``python3 -m example_app --port 8000``: serve the demo on 127.0.0.1.
 
 ``--workers N``: N processes sharing the port, the topics and one market through the Redis of
 ``RUBRIS_REDIS_URL`` (example_app/cluster.py).

@@ -6,13 +6,13 @@ Channels:
     book.{symbol}     snapshot: a 50-level order book (large JSON, sent deflated)
     fills             private: this session's own fills, lossless
     reprice           work queue: "reprice" jobs, worked by the page's tabs and by
-                      ``python -m example_app.worker`` processes (competing consumers)
+                      ``python3 -m example_app.worker`` processes (competing consumers)
     reprice.failed    work queue: jobs that failed three times (dead letters)
     reprice.results   ring of 64: what each worker computed (workers PUBLISH here)
     reprice.stats     snapshot: the queue's counters, once a second
     batch.{id}        snapshot: a batch's progress (rubris's own, for reprice_all's batches)
     bars.{symbol}     ring of 256: OHLC/VWAP bars written by the Spark pipeline
-                      (``python -m example_app.pipeline``), drawn as candles
+                      (``python3 -m example_app.pipeline``), drawn as candles
     pipeline.batches  ring of 16: the pipeline's tracked batches, announced as they open and seal
 RPC: symbols, place_order, history (streamed), reprice_result (a tab's result, published on
 "reprice.results" for it: the browser client has no PUBLISH), reprice_all (one "reprice" job
@@ -24,7 +24,7 @@ Operations: Prometheus metrics at /metrics; the live operations page at /rubris/
 any user name, the API token as the password).
 Batch store: in memory, like the queue whose jobs the batches track (a restart loses both, and
 nothing is written to disk); RUBRIS_BATCHES=path keeps them in that SQLite file instead.
-Several workers (``python -m example_app --workers N``) share topics, queues and batches through
+Several workers (``python3 -m example_app --workers N``) share topics, queues and batches through
 the Redis of RUBRIS_REDIS_URL (batches in RedisBatchStore then, RUBRIS_BATCHES unused), and one
 market: cluster.py (one worker simulates, by lease; the others follow its ticks).
 """

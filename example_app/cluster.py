@@ -1,4 +1,4 @@
-"""Several workers, one market: ``python -m example_app --workers N`` with ``RUBRIS_REDIS_URL``.
+"""Several workers, one market: ``python3 -m example_app --workers N`` with ``RUBRIS_REDIS_URL``.
 
 rubris shares the topics, the work queues and the batches of every worker through Redis, but the
 simulated market is the demo's own: every worker imports example_app.app, and each would run its
@@ -104,7 +104,7 @@ def redis_url() -> str | None:
 
 
 def prepare_workers(workers: int) -> str | None:
-    """In ``python -m example_app --workers N``, before the app is imported: what every worker
+    """In ``python3 -m example_app --workers N``, before the app is imported: what every worker
     must agree on. The API token (``$RUBRIS_API_TOKEN``, made up when unset, so that the printed
     curl command and ops password are every worker's) and, unless set, a directory for the
     workers' figures (``$RUBRIS_STATS_DIR``: the ops page lists every worker). Returns the

@@ -1,6 +1,6 @@
-"""The demo's data pipeline on Spark: ``python -m example_app.pipeline`` (the ``spark`` extra).
+"""The demo's data pipeline on Spark: ``python3 -m example_app.pipeline`` (the ``spark`` extra).
 
-Two jobs against the running demo (``python -m example_app``), both through the ``rubris`` data
+Two jobs against the running demo (``python3 -m example_app``), both through the ``rubris`` data
 source, in ``local[2]``:
 
 - **bars** (Structured Streaming, runs until Ctrl-C): reads the ``trades`` ring as a stream,

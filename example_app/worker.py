@@ -1,4 +1,4 @@
-"""A reprice worker: ``python -m example_app.worker --url http://127.0.0.1:8000/rubris``.
+"""A reprice worker: ``python3 -m example_app.worker --url http://127.0.0.1:8000/rubris``.
 
 It competes with the demo page's tabs (and any other workers) for the "reprice" jobs: each job
 goes to one of them. It computes a "fair value" (a random walk stands in for real work that

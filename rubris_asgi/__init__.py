@@ -5,7 +5,8 @@ outbound buffers and lossless private queues. See docs/ for the guide.
 
 The public names load on first use (PEP 562): ``import rubris_asgi.client`` (a worker process,
 a Spark executor) loads the wire and the client, never Starlette, uvicorn or the server's
-modules; ``from rubris_asgi import Rubris`` loads the server.
+modules; ``from rubris_asgi import Rubris`` loads the server. ``RedisBroker`` (the ``redis``
+extra) loads redis-py only when it is asked for: an app alone on one node never imports it.
 """
 
 import typing as _typing
@@ -13,6 +14,7 @@ from importlib import import_module as _import_module
 
 if _typing.TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .app import Rubris
+    from .cluster.redis.broker import RedisBroker
     from .config import BatchConfig, Config, FlowConfig, Limits, PoolConfig, Timing, WriterConfig
     from .engine.session import Session
     from .errors import (
@@ -26,6 +28,7 @@ if _typing.TYPE_CHECKING:  # what the names are, for type checkers and editors
         Reject,
         RubrisError,
         SessionClosed,
+        StartupError,
     )
     from .middleware import RubrisMiddleware
     from .ops.stats import Stats
@@ -38,6 +41,7 @@ __version__ = "0.1.0"
 # each public name: the module it lives in
 _HOME = {
     "Rubris": ".app",
+    "RedisBroker": ".cluster.redis.broker",
     "RubrisMiddleware": ".middleware",
     "Server": ".serving",
     "serve": ".serving",
@@ -63,6 +67,7 @@ _HOME = {
             "Reject",
             "RubrisError",
             "SessionClosed",
+            "StartupError",
         ],
         ".errors",
     ),
@@ -73,7 +78,16 @@ def __getattr__(name: str) -> _typing.Any:
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_import_module(home, __name__), name)
+    try:
+        module = _import_module(home, __name__)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "redis":
+            raise
+        # what to install, not just the missing module's name: redis-py is an optional extra
+        raise ImportError(
+            f"{name} needs redis-py: pip install 'rubris-asgi[redis]'", name=exc.name
+        ) from exc
+    value = getattr(module, name)
     globals()[name] = value  # once: later lookups do not come here
     return value
 
@@ -98,6 +112,7 @@ __all__ = [
     "PoolConfig",
     "ProtocolError",
     "QueueFull",
+    "RedisBroker",
     "RegistrationClosed",
     "Reject",
     "Rubris",
@@ -106,6 +121,7 @@ __all__ = [
     "Server",
     "Session",
     "SessionClosed",
+    "StartupError",
     "Stats",
     "Timing",
     "WriterConfig",

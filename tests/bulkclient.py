@@ -1,7 +1,7 @@
 """Many raw WebSocket subscribers in a process of their own, so a test can measure the server's
 memory without the clients' in it.
 
-    python -m tests.bulkclient WS_URL TOPIC CLIENTS MESSAGES
+    python3 -m tests.bulkclient WS_URL TOPIC CLIENTS MESSAGES
 
 Prints ``ready`` once every client is subscribed, then, when each has received MESSAGES pushes
 of TOPIC, one JSON line: the SHA-256 of every payload, per client.

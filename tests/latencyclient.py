@@ -1,6 +1,6 @@
 """Many WebSocket subscribers in a process of their own that measure delivery latency.
 
-    python -m tests.latencyclient WS_URL TOPIC CLIENTS
+    python3 -m tests.latencyclient WS_URL TOPIC CLIENTS
 
 Each published value is ``{"t": time.monotonic() at publish, "p": phase}``, or
 ``{"end": phase}`` to close a phase, or ``{"quit": 1}``. CLOCK_MONOTONIC is one clock for every

@@ -4,7 +4,7 @@
 front of a plain ASGI app (the form Django, Litestar and Quart use). Channels: ``ticks`` (a
 shared topic clients publish to), ``jobs`` (a work queue clients enqueue to), and the demo's
 ``reprice`` queue and ``reprice.results`` topic, so that example_app/worker.py works its jobs.
-``python -m tests.restart_app PORT`` serves ``app`` with ``rubris_asgi.serve``.
+``python3 -m tests.restart_app PORT`` serves ``app`` with ``rubris_asgi.serve``.
 """
 
 from __future__ import annotations

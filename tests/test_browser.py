@@ -1,6 +1,6 @@
 """The demo page in a real browser: headless Chromium driven by Playwright (sync API).
 
-The demo app runs as a subprocess (``python -m example_app --port P``), so that the restart test
+The demo app runs as a subprocess (``python3 -m example_app --port P``), so that the restart test
 restarts a real process on the same port. Each test gets its own server and browser context; the
 browser is shared by the module. Every wait is on a condition in the page, bounded by a timeout.
 
@@ -88,7 +88,7 @@ API_TOKEN = "browser-test-token"
 
 
 class DemoServer:
-    """``python -m example_app`` on a fixed port; its output goes to a log file."""
+    """``python3 -m example_app`` on a fixed port; its output goes to a log file."""
 
     def __init__(self, port: int, log_dir: Path) -> None:
         self.port = port
@@ -841,7 +841,7 @@ def test_a_trade_published_over_the_http_api_reaches_the_tape(demo: Demo) -> Non
 def start_worker(
     server: DemoServer, name: str, transport: str, log_dir: Path
 ) -> subprocess.Popen[bytes]:
-    """``python -m example_app.worker`` against `server`, its output in a log file."""
+    """``python3 -m example_app.worker`` against `server`, its output in a log file."""
     with (log_dir / f"worker-{name}.log").open("ab") as log:
         return subprocess.Popen(
             [
@@ -927,7 +927,7 @@ def test_work_queue_panel(demo: Demo, transport: str, tmp_path: Path) -> None:
     assert demo.text("#rq-name") == me
     assert demo.page.locator("#rq-work").is_checked()
     assert demo.text(".queue-hint") == (
-        f"Start more workers: python -m example_app.worker --url {demo.server.url}/rubris"
+        f"Add workers: python3 -m example_app.worker --url {demo.server.url}/rubris"
     )
 
     # This tab's results come back on the ring, marked as its own; the stats count its work.

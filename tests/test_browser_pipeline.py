@@ -5,7 +5,7 @@ The end-to-end test: the demo runs as a subprocess (test_browser.py's ``DemoServ
 it. The catalog job runs twice, as two runs of the pipeline would: each run enqueues its 200
 reprice jobs as a tracked batch of its own, announced on ``pipeline.batches`` (a second run
 once made a batch of nothing, "0/0 done": its jobs' ids were the first run's, which the queue
-still remembered). Then the page is opened, a ``python -m example_app.worker`` works the jobs,
+still remembered). Then the page is opened, a ``python3 -m example_app.worker`` works the jobs,
 and the bars query runs with 1-second windows. The page must show both batches (from the ring's
 replay) and follow them to "complete" with watchBatch(), draw the selected symbol's bars as
 candles (latest write of a window wins), follow a change of symbol, and log no error. Spark
@@ -136,7 +136,7 @@ class TradePrinter(threading.Thread):
 
 
 def start_fast_worker(server: DemoServer, log_dir: Path) -> subprocess.Popen[bytes]:
-    """``python -m example_app.worker`` taking ~20 ms a job: 200 take seconds, long enough for
+    """``python3 -m example_app.worker`` taking ~20 ms a job: 200 take seconds, long enough for
     the page to paint the batch's progress on a loaded machine too (at 5 ms a job, a run on a
     busy box painted 0/200, then 200/200: the snapshot in between was conflated)."""
     with (log_dir / "worker.log").open("ab") as log:
@@ -253,7 +253,7 @@ def test_pipeline_panel_draws_bars_and_follows_the_catalog_batch(
         server = stack.enter_context(demo_server(tmp_path))
         url = f"{server.url}/rubris"
 
-        # The catalog, run twice as two runs of `python -m example_app.pipeline` run it: each
+        # The catalog, run twice as two runs of `python3 -m example_app.pipeline` run it: each
         # run's 200 jobs a batch of its own, announced on pipeline.batches. The second run's
         # jobs have the ids of its run: with the first run's ids, still in the queue's dedup
         # window, it enqueued nothing and its batch showed "0/0 done". Nobody works the queue

@@ -13,10 +13,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_example(name: str, timeout: float = 60) -> str:
     """Run docs/examples/<name>.py as a reader would; its standard output."""
+    return run_example_fully(name, timeout).stdout
+
+
+def run_example_fully(name: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run docs/examples/<name>.py as a reader would; its output on both streams."""
     path = ROOT / "docs" / "examples" / f"{name}.py"
     return subprocess.run(
         [sys.executable, str(path)], capture_output=True, text=True, timeout=timeout, check=True
-    ).stdout
+    )
 
 
 @pytest.mark.slow
@@ -41,7 +46,14 @@ def test_publishing_example_runs() -> None:
 
 @pytest.mark.slow
 def test_queues_example_runs() -> None:
-    out = run_example("queues")
+    run = run_example_fully("queues")
+    out = run.stdout
+    # its deliberate failures say so in one line each, not in a traceback a reader takes for a
+    # crash of the example
+    assert "Traceback" not in out + run.stderr, run.stderr
+    failures = [line for line in out.splitlines() if "corrupt.png failed on attempt" in line]
+    assert [line.split(" on attempt ")[1][0] for line in failures] == ["1", "2", "3"], out
+    assert all(line.endswith("(cannot decode corrupt.png): NACKed") for line in failures), out
     assert "HTTP answer: 200 {'accepted': 11, 'duplicates': 1, 'fill': 0}" in out
     assert "dead letter: {'image': 'corrupt.png'} on attempt 4" in out
     assert "done 20 jobs, each once: True" in out
@@ -56,6 +68,11 @@ def test_batches_example_runs() -> None:
     final = "{'state': 'complete', 'total': 20, 'done': 19, 'failed': 1, 'completed': True}"
     assert f"final: {final}" in out
     assert "status: {'state': 'complete', 'total': 20, 'done': 19, 'failed': 1" in out
+    # a complete batch is never printed as not completed (the status' "completed" flag is
+    # True only in the answer that completed it: the example leaves it out of later ones)
+    assert "status: {'state': 'complete', 'total': 20, 'done': 19, 'failed': 1}\n" in out
+    for line in out.splitlines():
+        assert not ("'complete'" in line and "'completed': False" in line), line
 
 
 @pytest.mark.spark

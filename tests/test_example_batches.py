@@ -85,7 +85,7 @@ async def open_page(browser: Browser, url: str) -> AsyncIterator[tuple[Page, lis
 
 @contextlib.asynccontextmanager
 async def worker(url: str, name: str) -> AsyncIterator[None]:
-    """``python -m example_app.worker --work 0.01`` in this event loop."""
+    """``python3 -m example_app.worker --work 0.01`` in this event loop."""
     from example_app.worker import work
 
     task = asyncio.create_task(work(f"{url}/rubris", name, 0.01, "websocket"))

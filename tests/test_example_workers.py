@@ -1,4 +1,4 @@
-"""``python -m example_app --workers 2`` against a real Redis: two workers, one market.
+"""``python3 -m example_app --workers 2`` against a real Redis: two workers, one market.
 
 The demo runs as a user runs it (a subprocess, ``RUBRIS_REDIS_URL`` and ``RUBRIS_API_TOKEN``
 set, nothing else: the stats directory is the demo's own). Clients connect until each worker has

@@ -1,7 +1,7 @@
 """``RubrisMiddleware`` in front of real frameworks, and the thread-safe publish.
 
 The example apps of docs/examples/frameworks/ run on a real uvicorn (``rubris_asgi.Server``,
-which drains rubris before closing connections, as ``python -m docs.examples.frameworks.X``
+which drains rubris before closing connections, as ``python3 -m docs.examples.frameworks.X``
 does), and once more as their docstrings say, from the command line. The middleware's own
 tests wrap a plain ASGI app and run on uvicorn (some on hypercorn and granian too), in the
 test's loop (tests/server.py). Each example module is imported once: its ``rubris`` starts and

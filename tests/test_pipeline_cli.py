@@ -1,5 +1,5 @@
-"""``python -m example_app.pipeline`` as a first-time user runs it, against the demo started as
-a subprocess (``python -m example_app``, as the README says).
+"""``python3 -m example_app.pipeline`` as a first-time user runs it, against the demo started as
+a subprocess (``python3 -m example_app``, as the README says).
 
 - The demo prints the pipeline's command with its own API token (random unless
   ``RUBRIS_API_TOKEN`` is set), and that token is the one the pipeline's check accepts.
@@ -50,7 +50,7 @@ def env_without_token(**extra: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def demo(log: Path, token: str | None) -> Iterator[str]:
-    """``python -m example_app --port P`` (``RUBRIS_API_TOKEN=token`` unless None): its URL."""
+    """``python3 -m example_app --port P`` (``RUBRIS_API_TOKEN=token`` unless None): its URL."""
     port = free_port()
     env = env_without_token(**({} if token is None else {"RUBRIS_API_TOKEN": token}))
     with log.open("wb") as out:

@@ -2,7 +2,7 @@
 it answers exactly as ``MemoryBatchStore`` does (the behaviour every store shares is tested
 in test_batch_stores.py).
 
-``python -m tests.test_redis_store`` measures acks per second and bytes per item alone.
+``python3 -m tests.test_redis_store`` measures acks per second and bytes per item alone.
 """
 
 from __future__ import annotations

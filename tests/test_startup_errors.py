@@ -1,7 +1,7 @@
 """A start-up failure of rubris's own is one line that says what to do, and exit code 3
 (issue 36, item 4).
 
-The demo runs as a user runs it (``python -m example_app``, one process and ``--workers 2``)
+The demo runs as a user runs it (``python3 -m example_app``, one process and ``--workers 2``)
 against a Redis that is not there and against one without ``appendonly yes``: it exits with
 code 3 after exactly one ERROR line naming the Redis and the fix, and prints no traceback (the
 report: a 74-line traceback, 144 with two workers). The same for several workers without a

@@ -1,6 +1,6 @@
 """Watching rubris: Prometheus metrics at /metrics and the operations page's JSON.
 
-Run it: ``python docs/examples/metrics.py`` (``pip install 'rubris-asgi[metrics]'``; it serves
+Run it: ``python3 docs/examples/metrics.py`` (``pip install 'rubris-asgi[metrics]'``; it serves
 on a free port of 127.0.0.1, subscribes a client, publishes, then reads what an operator sees:
 a scrape of /metrics and {mount}/ops/stats, and stops).
 """

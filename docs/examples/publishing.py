@@ -1,6 +1,6 @@
 """Publishing from other processes: the HTTP API, Publisher, SyncPublisher, and what 'fill' says.
 
-Run it: ``python docs/examples/publishing.py`` (it serves on a free port of 127.0.0.1 with the
+Run it: ``python3 docs/examples/publishing.py`` (it serves on a free port of 127.0.0.1 with the
 HTTP API on, publishes into it the three ways another program would, prints what a subscriber
 receives, and stops).
 """

@@ -1,6 +1,6 @@
 """Work queues: producers, competing consumers, retries and a dead-letter queue.
 
-Run it: ``python docs/examples/queues.py`` (it serves on a free port of 127.0.0.1, enqueues
+Run it: ``python3 docs/examples/queues.py`` (it serves on a free port of 127.0.0.1, enqueues
 thumbnail jobs from the process and over the HTTP API, works them with two consumers, one over
 WebSocket with a callback and one over long-poll with ``async for``, and stops).
 """
@@ -41,7 +41,14 @@ done: Counter[str] = Counter()
 
 def make_thumbnail(job: dict[str, str]) -> None:
     if job["image"] == "corrupt.png":
-        raise ValueError("cannot decode corrupt.png")  # NACKed: the job is tried again
+        raise ValueError("cannot decode corrupt.png")
+
+
+def failed_once(item: QueueItem, exc: Exception, consumer: str) -> None:
+    """The deliberate failure: said in one line, and NACKed, so the job is tried again (by
+    either consumer) until its delivery limit sends it to the dead-letter queue."""
+    print(f"{consumer}: {item.value['image']} failed on attempt {item.attempt} ({exc}): NACKed")
+    item.nack(requeue=True)
 
 
 async def produce(url: str) -> None:
@@ -70,9 +77,15 @@ async def main() -> None:
         await asyncio.sleep(0.01)
     try:
         async with Client(url) as a, Client(url, transport="longpoll") as b:
-
-            def on_job(item: QueueItem) -> None:  # ACKed when it returns, NACKed if it raises
-                make_thumbnail(item.value)
+            # ACKed when it returns (unless it settled the item itself). An exception it lets
+            # out NACKs the item too, and the client logs it with its traceback: right for a
+            # bug, noise for a failure it expects, which it settles itself instead
+            def on_job(item: QueueItem) -> None:
+                try:
+                    make_thumbnail(item.value)
+                except ValueError as exc:
+                    failed_once(item, exc, "websocket")
+                    return
                 done[item.value["image"]] += 1
 
             await a.consume("thumbnails", on_job)
@@ -81,8 +94,8 @@ async def main() -> None:
                 async for item in await b.consume("thumbnails", prefetch=2):
                     try:
                         make_thumbnail(item.value)
-                    except ValueError:
-                        item.nack(requeue=True)
+                    except ValueError as exc:
+                        failed_once(item, exc, "long-poll")
                         continue
                     done[item.value["image"]] += 1
                     item.ack()

@@ -1,6 +1,6 @@
 """Quick start: a server with three kinds of channel and an RPC, and a client that uses them.
 
-Run it: ``python docs/examples/quickstart.py`` (it serves on a free port of 127.0.0.1, talks to
+Run it: ``python3 docs/examples/quickstart.py`` (it serves on a free port of 127.0.0.1, talks to
 itself over a real WebSocket and long-poll, prints what it sees, and stops).
 """
 

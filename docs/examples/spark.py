@@ -1,6 +1,6 @@
 """The Spark data source: write rows to rubris, enqueue them as a tracked batch, read topics back.
 
-Run it: ``python docs/examples/spark.py`` (needs ``pip install 'rubris-asgi[spark]'`` and Java
+Run it: ``python3 docs/examples/spark.py`` (needs ``pip install 'rubris-asgi[spark]'`` and Java
 17+; it serves rubris on a free port of 127.0.0.1 in a thread, starts a local SparkSession, and
 prints what each step did, then stops both).
 """

@@ -7,7 +7,7 @@
 // (consume()), competing with other tabs and Python workers; it shows the ring `reprice.results`
 // and the snapshot `reprice.stats`. The RPC `reprice_all` enqueues a job per symbol as one batch,
 // whose progress the tab follows on `batch.{id}` (watchBatch()). The Spark pipeline
-// (`python -m example_app.pipeline`) writes OHLC bars to the ring bars.{symbol}, drawn as candles
+// (`python3 -m example_app.pipeline`) writes OHLC bars to the ring bars.{symbol}, drawn as candles
 // of the selected symbol, and announces its catalog batches on the ring `pipeline.batches`.
 //
 // Messages update plain state; the DOM is painted at most once per animation frame, so a burst
@@ -420,7 +420,7 @@ function addFill(f) {
 // ---- work queue: reprice jobs -------------------------------------------------------------
 //
 // The server enqueues "reprice" jobs ({job, symbol, last}); every tab of this page and every
-// `python -m example_app.worker` competes for them, each job going to one consumer. The tab's
+// `python3 -m example_app.worker` competes for them, each job going to one consumer. The tab's
 // handler "works" a job for 150–450 ms, puts its result on the ring "reprice.results" and
 // returns, which ACKs the job; if it throws (its result refused, say) the job goes back to the
 // queue for another try, and after three tries to the dead letters of "reprice.failed".
@@ -714,7 +714,7 @@ function setBatchSymbols(n) {
 function startWorkQueue() {
   queuePanel.dataset.worker = WORKER;
   $("rq-name").textContent = WORKER;
-  const command = `python -m example_app.worker --url ${location.origin}/rubris`;
+  const command = `python3 -m example_app.worker --url ${location.origin}/rubris`;
   $("rq-command").textContent = command;
   $("rq-command").title = `${command} --name py-1 --work 0.3 (Ctrl-C stops it; its jobs go to the others)`;
   client.subscribe("reprice.stats", paintQueueStats);

@@ -1,10 +1,11 @@
 """What the Client PUBLISHes: the ``_Producing`` mixin of Client.
 
-:meth:`~_Producing.publish` is fire and forget (a refusal comes back later, to
-``on_refused``); :meth:`~_Producing.enqueue` and :meth:`~_Producing.enqueue_many` put work
-items in a queue topic and wait for each one's outcome, which :class:`~.outcomes._Outcomes`
-tells them (the PONG of a PING sent behind the PUBLISHes, or their REJECTED). Both are paced by
-the server's FLOW through ``publish_limiter``.
+:meth:`~_Producing.publish` does not wait for the server's answer (awaited, it returns once
+the PUBLISH is queued to send; a refusal comes back later, to ``on_refused``);
+:meth:`~_Producing.enqueue` and :meth:`~_Producing.enqueue_many` put work items in a queue
+topic and wait for each one's outcome, which :class:`~.outcomes._Outcomes` tells them (the PONG
+of a PING sent behind the PUBLISHes, or their REJECTED). Both are paced by the server's FLOW
+through ``publish_limiter``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ class _Producing:
     _control: Callable[[ClientMessage], None]
 
     async def publish(self, name: str, value: Any) -> None:
-        """PUBLISH ``value`` (JSON) to ``name`` and return at once (fire and forget).
+        """PUBLISH ``value`` (JSON) to ``name``: awaited (a coroutine that is not awaited sends
+        nothing), it returns once the message is queued to send, without waiting for the
+        server's answer.
 
         A refusal arrives later: a :class:`Rejection` with the topic and the ``value`` is kept
         in :attr:`rejections` (the last 100) and handed to ``on_refused`` (every one), counted

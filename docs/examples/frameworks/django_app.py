@@ -12,7 +12,7 @@ page), then publish through either view::
     curl -X POST 127.0.0.1:8000/price/AAPL -d '{"price": 189.5}'        # the sync view
     curl -X POST 127.0.0.1:8000/async/price/AAPL -d '{"price": 189.6}'  # the async one
 
-``python -m docs.examples.frameworks.django_app`` serves it with ``rubris_asgi.serve``, which
+``python3 -m docs.examples.frameworks.django_app`` serves it with ``rubris_asgi.serve``, which
 also says GOODBYE (code 9) to every client on Ctrl-C before uvicorn closes the connections.
 """
 

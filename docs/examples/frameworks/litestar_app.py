@@ -10,7 +10,7 @@ page), then publish through the app's own route::
 
     curl -X POST 127.0.0.1:8000/price/AAPL -d '{"price": 189.5}'
 
-``python -m docs.examples.frameworks.litestar_app`` serves it with ``rubris_asgi.serve``, which
+``python3 -m docs.examples.frameworks.litestar_app`` serves it with ``rubris_asgi.serve``, which
 also says GOODBYE (code 9) to every client on Ctrl-C before uvicorn closes the connections.
 """
 

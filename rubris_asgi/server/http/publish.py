@@ -43,7 +43,7 @@ from ...errors import BatchError, MessageTooLarge, ProtocolError
 from ...protocol import Codec, Mode
 from ...protocol.naming import quoted
 from .guard import _JSON, Guard, OriginAllowed, Refusal, json_body, same_origin
-from .guard import AuthorizeApi as AuthorizeApi  # the hook's type, as app.py names it
+from .guard import AuthorizeApi as AuthorizeApi  # the hook's type, as app/rubris.py names it
 
 _Item = tuple[QueueTopic, bytes, "str | None", "str | None"]
 """An item ready for ``Engine.offer_items``: queue, payload, id, batch item."""

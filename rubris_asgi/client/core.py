@@ -9,6 +9,7 @@ message is the ``_ServerMessages`` mixin of :mod:`.handlers`; what it PUBLISHes 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections import OrderedDict, deque
@@ -50,6 +51,9 @@ if TYPE_CHECKING:  # httpx is imported by the first long-poll connection (superv
     import httpx
 
 __all__ = ["Client", "ClientStats", "Rejection", "State"]
+
+CLOSE_FLUSH = 1.0
+"""Seconds ``close()`` waits for what was handed over (PUBLISHes, ACKs) to be written."""
 
 
 class Client(_Supervisor, _ServerMessages, _Producing):
@@ -204,7 +208,16 @@ class Client(_Supervisor, _ServerMessages, _Producing):
         and consumers end, and consumers' handlers are cancelled (the server takes back the items
         not acknowledged: to finish the item in hand first, ``await consumer.close()`` before).
         Safe to call twice, and from a callback or handler (then it does not wait for that one).
+
+        What was handed over before goes out first, on an open connection: the PUBLISHes of
+        :meth:`publish`, the ACKs of items already settled (a handler that returned), waiting
+        at most ``CLOSE_FLUSH`` (1 s) for the writer.
         """
+        if self.state == "open" and self._link is not None and not self._closing:
+            self._settler.flush()  # the ACKs of this loop turn, due at its end
+            if not self._outbox.idle.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await _within(self._outbox.idle.wait(), CLOSE_FLUSH)
         self._closing = True
         runner = self._runner
         if runner is not None and not runner.done():

@@ -26,6 +26,10 @@ class _Outbox:
         self.ready = asyncio.Event()
         self.room = asyncio.Event()
         self.room.set()
+        self.idle = asyncio.Event()
+        """Set while nothing waits here and the writer has nothing on its way (what ``close``
+        waits for, so that what was handed over goes out before the connection is closed)."""
+        self.idle.set()
         self.closed: ConnectionLost | None = None
 
     def __len__(self) -> int:
@@ -44,11 +48,13 @@ class _Outbox:
         if self.closed is None:
             self.items.append(item)
             self.ready.set()
+            self.idle.clear()
 
     def push_front(self, items: list[_Out]) -> None:
         self.items.extendleft(reversed(items))
         if self.items:
             self.ready.set()
+            self.idle.clear()
 
     def discard(self, kinds: tuple[type[Any], ...]) -> None:
         self.discard_where(lambda msg: isinstance(msg, kinds))
@@ -76,7 +82,13 @@ class _Outbox:
             self.room.set()
         return out
 
+    def written(self) -> None:
+        """The writer wrote what it took: idle if nothing came meanwhile."""
+        if not self.items:
+            self.idle.set()
+
     def fail(self, exc: ConnectionLost) -> None:
         self.closed = exc
         self.items.clear()
         self.room.set()
+        self.idle.set()

@@ -421,9 +421,11 @@ class _Supervisor:
 
     async def _writer(self, link: _Link, max_frame: int) -> None:
         limit = max_frame or _MAX_BATCH
+        outbox = self._outbox
         while True:
-            batch = await self._outbox.take(limit)
+            batch = await outbox.take(limit)
             await link.send(b"".join(batch))
+            outbox.written()
 
     async def _acker(self) -> None:
         while True:

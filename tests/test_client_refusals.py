@@ -132,6 +132,7 @@ async def test_a_rubris_not_started_answers_not_now_with_its_reason() -> None:
         assert "rubris is not started" in r.text
 
 
+@pytest.mark.slow  # seconds by design
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_rubris_stopping_is_not_now_retried_with_one_warning(
     transport: str, caplog: pytest.LogCaptureFixture
@@ -215,6 +216,7 @@ async def test_wait_closed_returns_after_close() -> None:
         await asyncio.wait_for(waiting, 5)  # returns: closed on purpose
 
 
+@pytest.mark.slow  # seconds by design
 @pytest.mark.parametrize(
     "url", ["http://127.0.0.1:{port}/nowhere", "http://127.0.0.1:{port}/rubris/ws"]
 )

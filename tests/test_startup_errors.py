@@ -76,6 +76,7 @@ def the_error(lines: list[str]) -> str:
     return errors[0]
 
 
+@pytest.mark.slow  # a process started (the demo, a server): seconds
 @pytest.mark.parametrize("workers", [1, 2])
 def test_demo_without_redis_says_what_to_do_in_one_line(workers: int) -> None:
     url = nowhere()
@@ -118,6 +119,7 @@ def test_a_password_refused_says_where_to_give_it() -> None:
     )
 
 
+@pytest.mark.slow  # a process started (the demo, a server): seconds
 def test_several_workers_without_a_broker_say_so_in_one_line() -> None:
     script = (
         "from rubris_asgi import serve; "
@@ -131,6 +133,7 @@ def test_several_workers_without_a_broker_say_so_in_one_line() -> None:
     )
 
 
+@pytest.mark.slow  # a process started (the demo, a server): seconds
 def test_the_middleware_under_serve_says_it_in_one_line() -> None:
     url = nowhere()
     script = (
@@ -145,6 +148,7 @@ def test_the_middleware_under_serve_says_it_in_one_line() -> None:
     )
 
 
+@pytest.mark.slow  # a process started (the demo, a server): seconds
 def test_plain_uvicorn_prints_a_short_traceback_ending_with_the_line() -> None:
     """``uvicorn app:app``: uvicorn logs the traceback Starlette sends; no chain of redis-py's
     causes under it, and its last line is the message with the fix."""

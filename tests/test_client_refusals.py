@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
 from pathlib import Path
 
 import httpx
@@ -27,6 +25,7 @@ from rubris_asgi.client import Client, ConnectionLost
 
 from .apps import make_rubris, starlette_app
 from .server import SERVERS, run_server
+from .test_restarts import example_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSPORTS = ("websocket", "longpoll")
@@ -223,15 +222,8 @@ async def test_wait_closed_returns_after_close() -> None:
 async def test_the_example_worker_that_cannot_connect_says_why_and_exits_1(url: str) -> None:
     async with run_server(starlette_app(Rubris())) as base:
         port = base.rsplit(":", 1)[1]
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *("-m", "example_app.worker", "--url", url.format(port=port)),
-            cwd=ROOT,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        async with example_worker(url.format(port=port)) as proc:
+            out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 1, (out, err)
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1, lines

@@ -66,6 +66,9 @@ class _Outbox:
     async def take(self, limit: int) -> list[bytes]:
         """At least one message, then as many more as fit in ``limit`` bytes, in order."""
         while not self.items:
+            # the writer is back here with nothing to take: what it took is written, and
+            # nothing waits (also after discard() emptied the outbox)
+            self.idle.set()
             self.ready.clear()
             await self.ready.wait()
         out: list[bytes] = []

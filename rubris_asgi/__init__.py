@@ -29,6 +29,7 @@ if _typing.TYPE_CHECKING:  # what the names are, for type checkers and editors
         RubrisError,
         SessionClosed,
         StartupError,
+        TableFull,
     )
     from .middleware import RubrisMiddleware
     from .ops.stats import Stats
@@ -68,6 +69,7 @@ _HOME = {
             "RubrisError",
             "SessionClosed",
             "StartupError",
+            "TableFull",
         ],
         ".errors",
     ),
@@ -123,6 +125,7 @@ __all__ = [
     "SessionClosed",
     "StartupError",
     "Stats",
+    "TableFull",
     "Timing",
     "WriterConfig",
     "serve",

@@ -65,6 +65,9 @@ class Limits:
     """Largest payload a COMPRESSED client message may inflate to: refused with code 5."""
     max_subscriptions: int = 1000
     """Subscriptions one session may hold: REJECTED code 6."""
+    max_keys: int = 100_000
+    """Live keys of a keyed topic (a channel may set its own ``max_keys``): a set of a new key
+    past it raises ``TableFull`` (REJECTED 6, HTTP 409); as many tombstones again are kept."""
     max_sessions: int = 100_000
     """Sessions alive at once (connected or awaiting resume): GOODBYE 6 + close 1013 / HTTP 503."""
     max_topic_name: int = 256
@@ -124,6 +127,10 @@ class Timing:
     """How long a shared topic the application publishes to is kept without subscribers after
     its last publish (its value and ring for late joiners); None: for ever. Topics only clients
     made or fed are kept ``session_timeout`` after they were last used."""
+    tombstones: float = 120.0
+    """How long a keyed topic remembers a deleted key (its tombstone), so that a subscriber
+    resuming from before the delete is told of it; at least ``session_timeout`` (a resume
+    from further back than the oldest tombstone gets RESET and the whole table)."""
     reauthenticate: float | None = None
     """When set, every connected session's user is checked again this often by calling
     ``authenticate`` with the connection's request; a ``Reject`` ends the session (GOODBYE 4)."""

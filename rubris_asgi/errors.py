@@ -6,6 +6,7 @@ Tree::
     ├── ProtocolError          malformed or refused wire input; carries an ErrorCode
     ├── MessageTooLarge        a publish over the configured maximum (code 5)
     ├── QueueFull              send_nowait() on a full private queue; enqueue() on a full work queue
+    ├── TableFull              a set of a new key on a keyed topic at its max_keys (code 6)
     ├── BrokerUnavailable      Redis cannot take a publish, an enqueue or a send_to now
     │   └── BrokerStartupError Redis out of reach, or refusing this node, at start (a StartupError)
     ├── StartupError           rubris cannot start: configuration or environment (a RuntimeError)
@@ -71,6 +72,13 @@ class MessageTooLarge(RubrisError):
 class QueueFull(RubrisError):
     """``send_nowait`` found the session's private queue for that topic at capacity, or
     ``enqueue`` found a work queue at its ``max_length``; nothing was added."""
+
+    code = ErrorCode.TOO_MANY
+
+
+class TableFull(RubrisError):
+    """A set (or a replace) would take a keyed topic past its ``max_keys`` live keys; nothing
+    of it was applied."""
 
     code = ErrorCode.TOO_MANY
 

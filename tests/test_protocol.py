@@ -15,6 +15,7 @@ from rubris_asgi.protocol import (
     Ack,
     Call,
     Codec,
+    Entry,
     Flow,
     Gap,
     Goodbye,
@@ -74,6 +75,7 @@ server_messages = st.one_of(
     st.builds(Flow, u8s),
     st.builds(Item, uvs, uvs, uvs, payloads, flags),
     st.builds(Revoke, uvs, st.lists(uvs, max_size=6).map(tuple)),
+    st.builds(Entry, uvs, uvs, u8s, texts, payloads, flags),
 )
 client_messages = st.one_of(
     st.builds(Hello, uvs, texts),
@@ -104,6 +106,7 @@ ONE_OF_EACH: list[Message] = [
     Flow(75),
     Item(9, 4, 2, b'{"job":1}'),
     Revoke.of(9, [3, 4]),
+    Entry(9, 12, 2, "101.25", b'{"size":400}'),
     Hello(VERSION, ""),
     Subscribe(1, "prices", 42, 299, b'{"depth":5}'),
     Unsubscribe(7),
@@ -154,12 +157,13 @@ def test_constants() -> None:
         Kind.RESULT,
         Kind.STREAM,
         Kind.ITEM,
+        Kind.ENTRY,
         Kind.SUBSCRIBE,
         Kind.CALL,
         Kind.PUBLISH,
     }
-    assert [k.value for k in Kind] == [*range(0x01, 0x0E), *range(0x21, 0x2A)]
-    assert [m.value for m in Mode] == [1, 2, 3, 4]
+    assert [k.value for k in Kind] == [*range(0x01, 0x0F), *range(0x21, 0x2A)]
+    assert [m.value for m in Mode] == [1, 2, 3, 4, 5]
     assert [c.value for c in Codec] == [0, 1, 2]
 
 
@@ -428,6 +432,7 @@ def test_body_too_short_for_its_fields() -> None:
                 Kind.RESULT: 2,
                 Kind.STREAM: 2,
                 Kind.ITEM: 3,
+                Kind.ENTRY: 10,
                 Kind.SUBSCRIBE: 10,
                 Kind.CALL: 6,
                 Kind.PUBLISH: 6,
@@ -490,7 +495,7 @@ def test_unknown_kinds_skipped() -> None:
         + raw(0x00, b"")
         + raw(0x30, b"\xff\xff\xff")  # not even a valid body for anything
         + raw(0x7F | COMPRESSED, b"\x00" * 200)  # multi-byte length
-        + raw(0x0E, b"")
+        + raw(0x1E, b"")
         + encode(Pong(2))
         + raw(0x20 | COMPRESSED, b"\x01")
     )

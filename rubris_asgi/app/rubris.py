@@ -219,30 +219,40 @@ class Rubris(_Publishing):
         *,
         snapshot: bool = False,
         ring: int | None = None,
+        keyed: bool = False,
         codec: Codec = Codec.JSON,
         compress_at: int | None = _UNSET,
         client_publish: PublishRule = False,
         keep: float | None = _UNSET,
         max_topics: int | None = None,
+        max_keys: int | None = None,
+        batch: int = 64,
     ) -> Callable[[F], F]:
-        """Register a shared channel; the handler ``(session, **params)`` may ``raise Reject``
-        and returns the value a new subscriber gets when the topic has none yet.
+        """Register a shared channel: ``snapshot=True``, ``ring=N`` or ``keyed=True`` (a live
+        table: ``set``, ``patch``, ``delete``, ``replace``). The handler ``(session,
+        **params)`` may ``raise Reject`` and returns the value a new subscriber gets when the
+        topic has none yet (a keyed topic: its whole table, a mapping of key to value).
 
         ``client_publish``: True lets a session PUBLISH where the handler accepts it as a
         subscriber; a hook ``(session, **params)`` (``payload=`` too, if it names it) decides
         each PUBLISH instead and may ``raise Reject``. ``keep``: seconds a topic outlives its
         last publish with no subscriber (``Timing.topic_keep``; None: for ever);
         ``max_topics``: the channel's topics alive at once (``Limits.max_topics_per_channel``).
+        Keyed: ``max_keys`` live keys a topic (``Limits.max_keys``), ``batch`` entries a frame
+        for one subscriber at most.
         """
         return self.registry.shared(
             pattern,
             snapshot=snapshot,
-            ring=ring if ring is not None or snapshot else self.config.ring_size,
+            ring=ring if ring is not None or snapshot or keyed else self.config.ring_size,
+            keyed=keyed,
             codec=codec,
             compress_at=compress_at,
             client_publish=client_publish,
             keep=keep,
             max_topics=max_topics,
+            max_keys=max_keys,
+            batch=batch,
         )
 
     def private(

@@ -100,6 +100,8 @@ class Channel:
     last publish (None: for ever)."""
     max_topics: int = 100_000
     """Topics of this channel alive at once."""
+    max_keys: int | None = None
+    """A keyed channel's live keys per topic (None: ``Limits.max_keys``)."""
 
     def match(self, name: str) -> dict[str, str] | None:
         m = self.regex.match(name)
@@ -107,7 +109,7 @@ class Channel:
 
     @property
     def shared(self) -> bool:
-        return self.mode in (Mode.SNAPSHOT, Mode.RING)
+        return self.mode in (Mode.SNAPSHOT, Mode.RING, Mode.KEYED)
 
 
 @dataclass
@@ -162,22 +164,40 @@ class Registry:
         *,
         snapshot: bool = False,
         ring: int | None = None,
+        keyed: bool = False,
         codec: Codec = Codec.JSON,
         compress_at: int | None = _UNSET,
         client_publish: PublishRule = False,
         keep: float | None = _UNSET,
         max_topics: int | None = None,
+        max_keys: int | None = None,
+        batch: int = 64,
     ) -> Callable[[F], F]:
-        """Register a shared channel: ``snapshot=True`` (latest value) or ``ring=N`` (last N).
+        """Register a shared channel: ``snapshot=True`` (latest value), ``ring=N`` (last N)
+        or ``keyed=True`` (a live table of entries under keys, protocol.md section 5b).
 
         ``keep``: seconds a topic the application published to outlives its last publish
         without subscribers (default the registry's; None: for ever); ``max_topics``: its
-        topics alive at once (default the registry's)."""
+        topics alive at once (default the registry's). Keyed: ``max_keys`` live keys per
+        topic (default ``Limits.max_keys``), ``batch`` ENTRY messages per frame at most for
+        one subscriber; its topics take no client PUBLISH (their changes are the
+        application's: set, patch, delete, replace, or the HTTP API)."""
         self._check_open(f"channel {pattern!r}")
-        if snapshot == (ring is not None):
-            raise ValueError(f"channel {pattern!r}: give exactly one of snapshot=True or ring=N")
+        if snapshot + (ring is not None) + keyed != 1:
+            raise ValueError(
+                f"channel {pattern!r}: give exactly one of snapshot=True, ring=N or keyed=True"
+            )
         if ring is not None and ring < 1:
             raise ValueError(f"channel {pattern!r}: ring must be >= 1, got {ring}")
+        if keyed and client_publish is not False:
+            raise ValueError(
+                f"channel {pattern!r}: a keyed channel takes no client PUBLISH (a change names "
+                "a key and an operation: the application makes them, or the HTTP API)"
+            )
+        if max_keys is not None and (isinstance(max_keys, bool) or max_keys < 1):
+            raise ValueError(f"channel {pattern!r}: max_keys must be >= 1, got {max_keys}")
+        if isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"channel {pattern!r}: batch must be >= 1, got {batch}")
         if keep is not _UNSET and keep is not None and not keep > 0:
             raise ValueError(f"channel {pattern!r}: keep must be > 0 or None, got {keep}")
         publishing = _publishing(pattern, client_publish)
@@ -188,11 +208,13 @@ class Registry:
             self._add(
                 Channel(
                     pattern,
-                    Mode.SNAPSHOT if snapshot else Mode.RING,
+                    Mode.SNAPSHOT if snapshot else Mode.KEYED if keyed else Mode.RING,
                     fn,
                     regex,
                     params,
                     ring=ring,
+                    batch=batch,
+                    max_keys=max_keys,
                     codec=codec,
                     compress_at=self.compress_at if compress_at is _UNSET else compress_at,
                     wants_params=_accepts(fn, "params"),

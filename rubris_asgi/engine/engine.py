@@ -33,6 +33,8 @@ from ..protocol.deflate import Compression, Compressor
 from .buffers import FrameBuffer, WriterPool
 from .channels import Channel, Registry
 from .intake import Intake
+from .keyed.operations import TableOperations
+from .keyed.topic import KEYED, KeyedTopic
 from .lifetimes import Lifetimes
 from .membership import Membership, Relay, Relayed
 from .queues import QueueHome, QueueSub, QueueTopic
@@ -44,6 +46,7 @@ from .topics import (
     RING,
     SNAPSHOT,
     PrivateSub,
+    RatedSub,
     SharedTopic,
     Sub,
     encode_payload,
@@ -54,8 +57,9 @@ PARKED = 1 << 62
 """A ring cursor held while its session resumes: past any head, so nothing is sent."""
 
 
-class Engine(QueueOperations):
-    """Sessions, shared topics and private queues, driven by one scheduler."""
+class Engine(QueueOperations, TableOperations):
+    """Sessions, shared topics (keyed ones too), private queues and work queues, driven by one
+    scheduler."""
 
     def __init__(
         self,
@@ -87,6 +91,8 @@ class Engine(QueueOperations):
         )
         self.topics: dict[str, SharedTopic] = {}
         self.queues: dict[str, QueueTopic] = {}
+        self.tables: dict[str, KeyedTopic] = {}
+        """The keyed topics among ``topics``: what the tombstones' sweep walks."""
         self.lifetimes = Lifetimes(self.config, self.topics, self.queues, self.telemetry, clock)
         """How many topics each channel has, and when one nobody needs goes."""
         self.sessions: dict[str, Session] = {}
@@ -211,7 +217,8 @@ class Engine(QueueOperations):
             self.scheduler.client_pending(s)
 
     def park_rings(self, s: Session) -> None:
-        """Hold the ring subscriptions of ``s``, which is being resumed, until ``unpark``.
+        """Hold the ring and keyed subscriptions of ``s``, which is being resumed, until
+        ``unpark``.
 
         The cursors say what the server *wrote*, and what it wrote to a dying connection may
         never have arrived: the resuming client restates what it holds (SUBSCRIBE with
@@ -224,7 +231,7 @@ class Engine(QueueOperations):
         s.resuming += 1
         held = {sub for sub, _ in s.parked}
         for sub in s.subs.values():
-            if sub.mode == RING and sub not in held:
+            if (sub.mode == RING or sub.mode == KEYED) and sub not in held:
                 s.parked.append((sub, sub.cursor))
                 sub.cursor = PARKED
 
@@ -347,23 +354,38 @@ class Engine(QueueOperations):
         ring: int | None = None,
         codec: int = Codec.JSON,
         compress_at: int | None = None,
+        max_keys: int | None = None,
+        batch: int = 64,
     ) -> SharedTopic:
-        """The shared topic ``name``, created on first use."""
+        """The shared topic ``name``, created on first use (``max_keys`` and ``batch``: a
+        keyed topic's, mode 5)."""
         t = self.topics.get(name)
         if t is not None:
             return t
         if len(self.topics) + len(self.queues) >= self.config.limits.max_topics:
             raise ProtocolError("too many topics on this server", ErrorCode.TOO_MANY)
-        t = SharedTopic(
-            name,
-            next(self._numbers),
-            mode,
-            epoch=new_epoch(),
-            codec=codec,
-            ring=ring or self.config.ring_size,
-            compress_at=compress_at,
-            on_dirty=self.scheduler.topic_dirty,
-        )
+        if mode == KEYED:
+            t = self.tables[name] = KeyedTopic(
+                name,
+                next(self._numbers),
+                epoch=new_epoch(),
+                codec=codec,
+                compress_at=compress_at,
+                on_dirty=self.scheduler.topic_dirty,
+                max_keys=max_keys or self.config.limits.max_keys,
+                batch=batch,
+            )
+        else:
+            t = SharedTopic(
+                name,
+                next(self._numbers),
+                mode,
+                epoch=new_epoch(),
+                codec=codec,
+                ring=ring or self.config.ring_size,
+                compress_at=compress_at,
+                on_dirty=self.scheduler.topic_dirty,
+            )
         self.topics[name] = t
         return t
 
@@ -386,7 +408,15 @@ class Engine(QueueOperations):
         if t is not None:
             return t
         self.lifetimes.admit(ch)
-        t = self.topic(name, ch.mode, ring=ch.ring, codec=ch.codec, compress_at=ch.compress_at)
+        t = self.topic(
+            name,
+            ch.mode,
+            ring=ch.ring,
+            codec=ch.codec,
+            compress_at=ch.compress_at,
+            max_keys=ch.max_keys,
+            batch=ch.batch,
+        )
         t.keep = ch.keep
         self.lifetimes.born(t, ch)
         return t
@@ -410,8 +440,11 @@ class Engine(QueueOperations):
         ``stamp``: when the message arrived (the intake's, for publish-to-frame; a message the
         intake took is never refused by a broker); now if None. Raises ``MessageTooLarge``
         (nothing stored, nothing sent) over the pool's maximum, ``BrokerUnavailable`` when a
-        distributed broker cannot take it.
+        distributed broker cannot take it; ``TypeError`` for a keyed topic (its changes are
+        ``set_entry`` and the others).
         """
+        if t.mode == KEYED:
+            t.publish(b"", False, 0.0)  # raises: says what to call instead
         payload = encode_payload(value, t.codec)
         data, compressed = self.compression.maybe_compress(payload, t.compress_at)
         # the PUSH header is at most ~25 bytes; checking the payload against the maximum minus
@@ -488,9 +521,18 @@ class Engine(QueueOperations):
         return True
 
     def subscribe(
-        self, s: Session, t: SharedTopic, req: int, epoch: int, since: int, last: int = 0
+        self,
+        s: Session,
+        t: SharedTopic,
+        req: int,
+        epoch: int,
+        since: int,
+        last: int = 0,
+        every: float = 0.0,
     ) -> Sub:
-        """Subscribe ``s`` to ``t``: SUBSCRIBED now, then the snapshot or the ring replay.
+        """Subscribe ``s`` to ``t``: SUBSCRIBED now, then the snapshot or the ring replay (a
+        keyed topic: ``subscribe_keyed``). ``every`` > 0: a snapshot's or a keyed topic's
+        ``max_rate`` interval (callers refuse it on rings).
 
         With ``epoch`` equal to the topic's a ring replays what it still holds after ``since``
         (0: all of it; the cycle emits a GAP first for what it lost); ``recovered`` says
@@ -498,10 +540,15 @@ class Engine(QueueOperations):
         ``last`` messages (a late joiner). A topic ``s`` already holds is repositioned the same
         way: that is how a resumed client states where it is (protocol §5, "Resume is exact").
         """
+        if isinstance(t, KeyedTopic):
+            return self.subscribe_keyed(s, t, req, epoch, since, every)
         sub = s.subs.get(t.number)
         if sub is None:
             self._check_room(s)
-            sub = Sub(s, t, t.number, t.mode)
+            if every and t.mode == SNAPSHOT:
+                sub = RatedSub(s, t, every)
+            else:
+                sub = Sub(s, t, t.number, t.mode)
             s.subs[t.number] = sub
             s.names[t.name] = sub
             t.subs[sub] = None

@@ -8,7 +8,13 @@ then one message per pending topic:
 - ring: the PUSH at the cursor, or a GAP naming what was lapped and then the oldest held;
 - private: up to the subscription's batch depth of its unsent PUSHes, kept until ACKed;
 - queue: up to the queue's batch of the items dealt to this consumer, each tagged and built
-  into its ITEM as it goes (protocol.codec.item_encoder).
+  into its ITEM as it goes (protocol.codec.item_encoder);
+- keyed: up to the topic's batch of ENTRY messages, each key's latest change after the
+  subscription's cursor in seq order (its PATCH where the subscriber holds the change before),
+  RESET first when a delete it needs was forgotten, SYNCED once its table is whole
+  (keyed/topic.py says why two numbers per subscriber suffice);
+- rated (a snapshot with ``max_rate``) and keyed with ``max_rate``: nothing before the
+  subscription's due time; a timer (``later``) puts it back then.
 
 A message that does not fit after others waits for the next frame; topics not reached stay
 first in line, topics with more waiting (rings, private and queue subscriptions) rotate behind
@@ -18,14 +24,16 @@ method each: a call per (session, topic) is a measurable share of a 1,000 x 100 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from typing import Protocol
 
 from ..protocol import Gap, encode
 from .buffers import FrameBuffer, SizeClass, WriterPool
+from .keyed.topic import KEYED, KeyedSub, KeyedTopic, reset_message, synced_message
 from .queues import QueueSub
 from .session import Session
-from .topics import PRIVATE, RING, SNAPSHOT, PrivateSub, Sub
+from .topics import PRIVATE, RATED, RING, SNAPSHOT, PrivateSub, RatedSub, Sub
 
 BLOCK = SizeClass.BLOCK
 """A message too large for a block goes out alone in a larger buffer (protocol.md section 5)."""
@@ -51,6 +59,7 @@ class FrameBuilder:
         stats: FrameCounters,
         retry: Callable[[Session], None],
         again: Callable[[Session], None],
+        later: Callable[[RatedSub | KeyedSub], None],
     ) -> None:
         self.pool = pool
         self.stats = stats
@@ -58,6 +67,8 @@ class FrameBuilder:
         """Puts a session back in the next cycle: the pool had no lease free for its frame."""
         self.again = again
         """A session whose frame was written at once and has more to send: the next cycle."""
+        self.later = later
+        """A subscription with a ``max_rate`` that must wait for its due time."""
         # Frames shared across sessions: a session whose frame is the same messages as the
         # last one built gets the same bytes (no join), and, while a write of them is under
         # way, the same lease (one more holder). Transports reuse what they derive from a
@@ -169,6 +180,105 @@ class FrameBuilder:
                         if busy is None:
                             busy = []
                         busy.append(sub)
+                elif mode == KEYED:
+                    ks: KeyedSub = sub  # type: ignore[assignment]
+                    kt: KeyedTopic = ks.topic  # type: ignore[assignment]
+                    c = ks.cursor
+                    head = kt.seq
+                    base = ks.base
+                    if c >= head and (base < 0 or c > head):  # all read (or parked: resuming)
+                        continue
+                    if ks.every and base < 0 and now < ks.due:  # its max_rate: not yet
+                        self.later(ks)
+                        continue
+                    if c < kt.forgotten and kt.forgotten > base:
+                        # a delete it has not seen, of a key it may hold, is forgotten: start
+                        # its table again
+                        m = reset_message(kt)
+                        n = len(m)
+                        if size + n > cap:
+                            if size or not (cap := room(n)):
+                                carry = sub
+                                full = True
+                                break
+                        append(m)
+                        size += n
+                        c = 0
+                        ks.start(0)
+                        base = ks.base
+                    seqs = kt.log_seq
+                    keys = kt.log_key
+                    entries = kt.entries
+                    synced = ks.synced
+                    end = len(seqs)
+                    i = bisect_right(seqs, c)
+                    k = kt.batch
+                    sent = False
+                    while i < end and k:
+                        seq = seqs[i]
+                        e = entries.get(keys[i])
+                        if e is None or e.seq != seq or (e.value is None and seq <= base):
+                            c = seq  # a dead line, or a delete of what it never held
+                            i += 1
+                            continue
+                        m = e.msg
+                        if e.patch is not None and synced >= e.prev:
+                            m = e.patch
+                        n = len(m)
+                        if size + n > cap:
+                            if size or not (cap := room(n)):
+                                full = True
+                                break
+                        append(m)
+                        size += n
+                        c = seq
+                        i += 1
+                        k -= 1
+                        sent = True
+                    if i >= end and not full:
+                        c = head  # read to the end: nothing after the last line
+                    ks.cursor = c
+                    if c >= head:
+                        ks.synced = head
+                        if base >= 0:  # its table is whole: say so
+                            m = synced_message(kt)
+                            n = len(m)
+                            if size + n > cap and (size or not (cap := room(n))):
+                                full = True
+                            else:
+                                append(m)
+                                size += n
+                                ks.base = -1
+                                sent = True
+                    if sent and ks.every:
+                        ks.due = now + ks.every
+                    if full:
+                        carry = sub
+                        break
+                    if c < head:
+                        if busy is None:
+                            busy = []
+                        busy.append(sub)
+                elif mode == RATED:
+                    rs: RatedSub = sub  # type: ignore[assignment]
+                    t = rs.topic
+                    seq = t.seq  # type: ignore[union-attr]
+                    if seq == rs.cursor:
+                        continue
+                    if rs.cursor and now < rs.due:  # its first value at once, then max_rate
+                        self.later(rs)
+                        continue
+                    m = t.msg  # type: ignore[union-attr]
+                    n = len(m)
+                    if size + n > cap:
+                        if size or not (cap := room(n)):
+                            carry = sub
+                            full = True
+                            break
+                    append(m)
+                    size += n
+                    rs.cursor = seq
+                    rs.due = now + rs.every
                 else:  # a queue topic: the items dealt to this consumer, tagged as they go
                     qs: QueueSub = sub  # type: ignore[assignment]
                     lane = qs.lane

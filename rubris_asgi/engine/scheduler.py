@@ -9,7 +9,9 @@ One publish reaching a thousand sockets::
                                  pending set; each such session joins the pending-client list
                  2. deal         each queue topic with items and free consumers hands items
                                  to its consumers' lanes in rotation (queues/topic.py)
-                 3. timers       sessions whose penalty or NAK hold has passed re-join the list
+                 3. timers       sessions whose penalty or NAK hold has passed re-join the list,
+                                 subscriptions whose max_rate interval has passed their
+                                 session's pending set
                  4. serve        each pending session that is READY gets one frame, built
                                  and handed to its transport (never awaited) by frames.py:
                                  its direct queue, then one message per pending topic
@@ -33,10 +35,11 @@ from .buffers import WriterPool
 from .flow import current_interval
 from .frames import FrameBuilder
 from .intake import Intake
+from .keyed.topic import KeyedSub
 from .queues import QueueSub, QueueTopic
 from .session import Session, SessionState
 from .telemetry import PROBE_SUBS, PROBES, Telemetry
-from .topics import RING, SNAPSHOT, SharedTopic, Sub
+from .topics import RING, SNAPSHOT, RatedSub, SharedTopic, Sub
 
 
 @dataclass(slots=True)
@@ -80,10 +83,12 @@ class Scheduler:
         """Queue topics whose items or consumers changed: dealt at the next cycle's start."""
         self.clients: list[Session] = []
         self.timers: list[tuple[float, int, Session]] = []
+        self.rated: list[tuple[float, int, RatedSub | KeyedSub]] = []
+        """Subscriptions with a ``max_rate`` that had something to send before their time."""
         self._tie = count()
         self.stats = CycleStats()
         # each served session's frame
-        self.frames = FrameBuilder(pool, self.stats, self._retry, self.client_pending)
+        self.frames = FrameBuilder(pool, self.stats, self._retry, self.client_pending, self.later)
         self.telemetry = telemetry or Telemetry()
         self.wake = wake
         self.idle = False
@@ -124,6 +129,13 @@ class Scheduler:
         s: Session = sub.session  # type: ignore[assignment]
         s.pending[sub] = None
         self.client_pending(s)
+
+    def later(self, sub: RatedSub | KeyedSub) -> None:
+        """``sub`` has more, but not before ``sub.due`` (its ``max_rate``): back in its
+        session's pending set then (one timer per subscription however often it is put off)."""
+        if not sub.waiting:
+            sub.waiting = True
+            heapq.heappush(self.rated, (sub.due, next(self._tie), sub))
 
     def client_pending(self, s: Session) -> None:
         if not s.queued and not s.held:
@@ -180,7 +192,10 @@ class Scheduler:
         )
 
     def next_timer(self) -> float | None:
-        return self.timers[0][0] if self.timers else None
+        timers, rated = self.timers, self.rated
+        if rated and (not timers or rated[0][0] < timers[0][0]):
+            return rated[0][0]
+        return timers[0][0] if timers else None
 
     # the cycle
 
@@ -224,6 +239,17 @@ class Scheduler:
             elif not s.queued and s.has_work():
                 s.queued = True
                 clients.append(s)
+
+        rated = self.rated
+        while rated and rated[0][0] <= now:
+            sub = heapq.heappop(rated)[2]
+            sub.waiting = False
+            s = sub.session  # type: ignore[assignment]
+            if s.subs.get(sub.number) is sub and sub.has_more():
+                s.pending[sub] = None
+                if not s.queued and not s.held:
+                    s.queued = True
+                    clients.append(s)
 
         self.clients = []
         probes = self._probes(clients) if clients else None

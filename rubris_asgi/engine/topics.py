@@ -27,6 +27,10 @@ from ..protocol import Codec, Mode, push_message
 SNAPSHOT = int(Mode.SNAPSHOT)
 RING = int(Mode.RING)
 PRIVATE = int(Mode.PRIVATE)
+KEYED = int(Mode.KEYED)
+RATED = 0x41
+"""Not a wire mode: a snapshot subscription with a ``max_rate`` (``RatedSub``), a branch of the
+frame builder of its own so that plain snapshots pay nothing for it."""
 
 
 def new_epoch() -> int:
@@ -87,8 +91,8 @@ class SharedTopic:
         compress_at: int | None = None,
         on_dirty: Callable[[SharedTopic], None],
     ) -> None:
-        if mode not in (SNAPSHOT, RING):
-            raise ValueError(f"a shared topic is a snapshot or a ring, got mode {mode}")
+        if mode not in (SNAPSHOT, RING, KEYED):
+            raise ValueError(f"a shared topic is a snapshot, a ring or keyed, got mode {mode}")
         if ring < 1:
             raise ValueError(f"ring size must be >= 1, got {ring}")
         self.name = name
@@ -180,6 +184,25 @@ class Sub:
         if self.mode == SNAPSHOT:
             return t.seq != self.cursor
         return self.cursor <= t.seq
+
+
+class RatedSub(Sub):
+    """A snapshot subscription with a ``max_rate``: after its first value, frames carrying this
+    topic at least ``every`` seconds apart, each with the latest value (protocol.md 5b)."""
+
+    __slots__ = ("every", "due", "waiting")
+
+    def __init__(self, session: object, topic: SharedTopic, every: float) -> None:
+        super().__init__(session, topic, topic.number, RATED)
+        self.every = every
+        self.due = 0.0
+        """Not before this (the engine's clock) may its next frame carry this topic."""
+        self.waiting = False
+        """A timer of the scheduler's will put it back in its session's pending set."""
+
+    def has_more(self) -> bool:
+        t = self.topic
+        return t is not None and t.seq != self.cursor
 
 
 class PrivateSub(Sub):

@@ -203,6 +203,17 @@ def push_message(topic: int, seq: int, payload: bytes, compressed: bool = False)
     )
 
 
+def entry_message(
+    topic: int, seq: int, op: int, key: bytes, payload: bytes, compressed: bool = False
+) -> bytes:
+    """A whole ENTRY message of a keyed topic, built once per change and shared by every
+    subscriber (``key`` already UTF-8: a keyed topic keeps its keys encoded)."""
+    head = encode_uv(topic) + encode_uv(seq) + BYTE[op] + encode_uv(len(key)) + key
+    return (
+        (b"\x8e" if compressed else b"\x0e") + encode_uv(len(head) + len(payload)) + head + payload
+    )
+
+
 ItemEncoder: TypeAlias = Callable[[int, int, bytes, bool], bytes]
 """``(tag, attempt, payload, compressed)`` to a whole ITEM message of one queue topic."""
 

@@ -37,6 +37,7 @@ class Kind(IntEnum):
     FLOW = 0x0B
     ITEM = 0x0C
     REVOKE = 0x0D
+    ENTRY = 0x0E
     HELLO = 0x21
     SUBSCRIBE = 0x22
     UNSUBSCRIBE = 0x23
@@ -55,6 +56,22 @@ class Mode(IntEnum):
     RING = 2
     PRIVATE = 3
     QUEUE = 4
+    KEYED = 5
+
+
+class EntryOp(IntEnum):
+    """What one ENTRY of a keyed topic says (protocol.md section 5b)."""
+
+    SET = 1
+    """The entry's whole value."""
+    PATCH = 2
+    """An RFC 7386 merge patch to the value the client holds (it holds the previous change)."""
+    DELETE = 3
+    """The key is gone."""
+    RESET = 4
+    """Drop every entry held for the topic: the whole table follows."""
+    SYNCED = 5
+    """Everything sent since SUBSCRIBED or RESET is now the whole table as of ``seq``."""
 
 
 class Codec(IntEnum):
@@ -66,7 +83,16 @@ class Codec(IntEnum):
 
 
 COMPRESSIBLE: frozenset[int] = frozenset(
-    {Kind.PUSH, Kind.RESULT, Kind.STREAM, Kind.ITEM, Kind.SUBSCRIBE, Kind.CALL, Kind.PUBLISH}
+    {
+        Kind.PUSH,
+        Kind.RESULT,
+        Kind.STREAM,
+        Kind.ITEM,
+        Kind.ENTRY,
+        Kind.SUBSCRIBE,
+        Kind.CALL,
+        Kind.PUBLISH,
+    }
 )
 
 # Wire types. To the type checker they are the Python types; to the codec, the annotation's
@@ -262,6 +288,18 @@ class Revoke(_Message):
 
 
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Entry(_Message):
+    """ENTRY: change ``seq`` of a keyed topic: ``op`` (``EntryOp``) on ``key``."""
+
+    topic: Uv
+    seq: Uv
+    op: U8
+    key: Str
+    payload: Rest
+    compressed: bool = False
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Hello(_Message):
     """HELLO: the first message of a connection; ``resume`` empty for a new session."""
 
@@ -397,6 +435,7 @@ ServerMessage: TypeAlias = (
     | Flow
     | Item
     | Revoke
+    | Entry
 )
 ClientMessage: TypeAlias = (
     Hello | Subscribe | Unsubscribe | Call | Ack | Nack | Nak | Ping | Publish
@@ -417,6 +456,7 @@ KINDS: dict[type[Message], Kind] = {
     Flow: Kind.FLOW,
     Item: Kind.ITEM,
     Revoke: Kind.REVOKE,
+    Entry: Kind.ENTRY,
     Hello: Kind.HELLO,
     Subscribe: Kind.SUBSCRIBE,
     Unsubscribe: Kind.UNSUBSCRIBE,

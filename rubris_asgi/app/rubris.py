@@ -55,13 +55,14 @@ from ..server.relay import Relays
 from ..server.runtime import housekeeping, queue_ticks, reauthentication, run_scheduler
 from ..server.websocket import WebSocketTransport
 from .publishing import _Publishing
+from .tables import _Tables
 
 log = logging.getLogger("rubris_asgi")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Rubris(_Publishing):
+class Rubris(_Publishing, _Tables):
     """A push-messaging engine as an ASGI app: mount it, register channels, publish.
 
     Args:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -22,6 +22,7 @@ from ..control.budget import Budget
 from ..engine.channels import Channel, Registry
 from ..engine.engine import Engine
 from ..engine.flow import on_nak
+from ..engine.keyed.topic import KeyedTopic
 from ..engine.queues import QueueTopic
 from ..engine.session import Session, SessionState
 from ..errors import (
@@ -32,6 +33,7 @@ from ..errors import (
     QueueFull,
     Reject,
     SessionClosed,
+    TableFull,
 )
 from ..protocol import (
     Ack,
@@ -186,6 +188,7 @@ class Dispatcher:
         try:
             params = self._payload(s, m.params, m.compressed)
             last = _last(params) if ch.shared else 0
+            every = _every(params, ch)
         except ProtocolError as exc:
             e.reject(s, m.req, exc.code, str(exc))
             return
@@ -217,8 +220,11 @@ class Dispatcher:
                     if s.state in ENDED:  # while Redis answered
                         return
                 if initial is not None:
-                    e.publish_first(t, initial)
-                e.subscribe(s, t, m.req, m.epoch, m.since, last)
+                    if isinstance(t, KeyedTopic):
+                        _first_table(e, t, initial, m.name)
+                    else:
+                        e.publish_first(t, initial)
+                e.subscribe(s, t, m.req, m.epoch, m.since, last, every)
             elif ch.mode == Mode.QUEUE:
                 prefetch = _prefetch(params, ch)
                 e.subscribe_queue(s, e.queue_of(m.name, ch, self.registry), m.req, prefetch)
@@ -232,7 +238,7 @@ class Dispatcher:
                     codec=ch.codec,
                     compress_at=ch.compress_at,
                 )
-        except (ProtocolError, MessageTooLarge, BrokerUnavailable) as exc:
+        except (ProtocolError, MessageTooLarge, BrokerUnavailable, TableFull) as exc:
             e.reject(s, m.req, exc.code, str(exc))
 
     async def _publish(self, s: Session, m: Publish) -> None:
@@ -489,6 +495,41 @@ def _last(params: Any) -> int:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ProtocolError("last must be an integer of at least 1", ErrorCode.PROTOCOL)
     return n
+
+
+def _every(params: Any, ch: Channel) -> float:
+    """The interval of a ``{"max_rate": r}`` (protocol §5b: r > 0 messages a second, on
+    snapshot and keyed topics only); 0.0 without one. REJECTED 1 otherwise."""
+    if not isinstance(params, dict) or "max_rate" not in params:
+        return 0.0
+    r = params["max_rate"]
+    if not isinstance(r, (int, float)) or isinstance(r, bool) or not r > 0:
+        raise ProtocolError(
+            f"max_rate must be a number > 0 (messages a second), got {orjson.dumps(r).decode()}",
+            ErrorCode.PROTOCOL,
+        )
+    if ch.mode not in (Mode.SNAPSHOT, Mode.KEYED):
+        raise ProtocolError(
+            f"max_rate applies to snapshot and keyed topics, not to a {Mode(ch.mode).name.lower()} "
+            "topic",
+            ErrorCode.PROTOCOL,
+        )
+    return 1.0 / r
+
+
+def _first_table(e: Engine, t: KeyedTopic, initial: Any, name: str) -> None:
+    """A keyed channel handler's value: the topic's first table, while it has none."""
+    if t.seq != 0:
+        return
+    if not isinstance(initial, Mapping):
+        log.error(
+            "subscribe handler for %r returned a %s: a keyed channel's handler returns its "
+            "first table, a mapping of key to value (or None)",
+            name,
+            type(initial).__name__,
+        )
+        return
+    e.replace_table(t, initial)
 
 
 def _prefetch(params: Any, ch: Channel) -> int | None:

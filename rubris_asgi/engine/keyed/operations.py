@@ -73,7 +73,7 @@ class TableOperations:
         """Merge ``partial`` into the value of ``key`` by RFC 7386 (a key not held starts from
         nothing); the wire carries ``partial`` as a PATCH where the 50 % rule allows. JSON
         topics only (``TypeError`` otherwise)."""
-        _check_key(t, key)
+        check_key(t, key)
         if t.codec != JSON:
             raise TypeError(f"patch needs a JSON topic; {t.name!r} is not one: use set")
         e = t.entries.get(key)
@@ -92,7 +92,7 @@ class TableOperations:
     def delete_entry(self, t: KeyedTopic, key: str) -> int | None:
         """Delete ``key`` (a tombstone stays, ``Timing.tombstones``); returns the change's seq,
         None when ``t`` does not hold it."""
-        _check_key(t, key)
+        check_key(t, key)
         e = t.entries.get(key)
         if e is None or e.value is None:
             return None
@@ -120,7 +120,7 @@ class TableOperations:
 
     def _prepare_set(self, t: KeyedTopic, key: str, value: Any) -> Prepared | None:
         """``value`` encoded for ``t`` with its PATCH where one pays; None: ``key`` holds it."""
-        _check_key(t, key)
+        check_key(t, key)
         payload = encode_payload(value, t.codec)
         e = t.entries.get(key)
         if e is None or e.value is None:
@@ -203,7 +203,9 @@ class TableOperations:
         return n
 
 
-def _check_key(t: KeyedTopic, key: str) -> None:
+def check_key(t: KeyedTopic, key: str) -> None:
+    """``TypeError`` for a key that is not a non-empty str, ``ProtocolError`` 5 past
+    ``MAX_KEY`` bytes."""
     if not isinstance(key, str) or not key:
         raise TypeError(f"keyed topic {t.name!r}: a key is a non-empty str, got {key!r}")
     if len(key) > MAX_KEY // 4 and len(key.encode()) > MAX_KEY:
@@ -213,4 +215,4 @@ def _check_key(t: KeyedTopic, key: str) -> None:
         )
 
 
-__all__ = ["MAX_KEY", "TableOperations"]
+__all__ = ["MAX_KEY", "TableOperations", "check_key"]

@@ -1,0 +1,136 @@
+"""What the application calls on a running ``Rubris`` to change its keyed topics (live tables,
+protocol.md section 5b): the ``_Tables`` mixin of :class:`~.rubris.Rubris`.
+
+Each call finds the keyed topic (made on first use from its channel, as ``publish`` does),
+encodes the value once, and stores the change numbered; subscribers are sent the differences
+by the next cycle. Safe from any thread, as ``publish`` is: a call from another thread than
+the server's event loop is handed to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import orjson
+
+from ..engine.channels import Registry
+from ..engine.engine import Engine
+from ..engine.keyed.operations import check_key
+from ..engine.keyed.topic import KeyedTopic
+from ..engine.topics import encode_payload
+from ..errors import ErrorCode, ProtocolError
+from ..protocol import Codec
+from ..protocol.naming import quoted
+from ..server.threads import call_in_loop
+from .publishing import _not_json
+
+T = TypeVar("T")
+
+
+class _Tables:
+    """Set, patch, delete and replace entries of keyed topics, and read them; mixed into
+    :class:`~.rubris.Rubris`, whose attributes below it uses."""
+
+    engine: Engine
+    registry: Registry
+    _loop: asyncio.AbstractEventLoop | None
+    _thread: int
+
+    def set(self, name: str, key: str, value: Any) -> int:
+        """Set the entry ``key`` of the keyed topic ``name`` to ``value``; returns the change's
+        seq (the key's current one when it holds ``value`` already: nothing is sent).
+
+        Raises ``ProtocolError`` (code 3) when no keyed channel matches ``name``, ``TableFull``
+        for a new key past the topic's ``max_keys``, ``MessageTooLarge`` over the writer
+        pool's maximum, ``TypeError`` (naming the topic) when ``value`` is not JSON on a JSON
+        topic; nothing changes then."""
+        return self._in_loop(lambda: self._set(name, key, value))
+
+    def patch(self, name: str, key: str, partial: Any) -> int:
+        """Merge ``partial`` into the entry ``key`` by RFC 7386 (a member ``None`` removes
+        it, an object merges into the member's object); subscribers that hold the entry get
+        the patch, not the whole value, where it is at most half its size. A key not held
+        starts from nothing. JSON topics only. Raises as ``set`` does."""
+        return self._in_loop(lambda: self._patch(name, key, partial))
+
+    def delete(self, name: str, key: str) -> int | None:
+        """Delete the entry ``key``; returns the change's seq, None when it is not held."""
+        return self._in_loop(lambda: self.engine.delete_entry(self._table(name), key))
+
+    def replace(self, name: str, table: Mapping[str, Any]) -> int:
+        """Make ``table`` (key to value) the whole of the keyed topic ``name``: keys it lacks
+        are deleted, the others set; subscribers are sent the differences. All or nothing:
+        a value refused leaves the table as it was. Returns the topic's seq after it."""
+        return self._in_loop(lambda: self._replace(name, table))
+
+    def entries(self, name: str) -> dict[str, Any]:
+        """The entries of the keyed topic ``name`` now, key to value (decoded by its codec);
+        empty when it has none, or was never made."""
+        t = self.engine.topics.get(name)
+        if not isinstance(t, KeyedTopic):
+            self._table(name)  # an unknown name or a topic not keyed: its error
+            return {}
+        decode: Callable[[bytes], Any] = (
+            orjson.loads
+            if t.codec == Codec.JSON
+            else bytes.decode
+            if t.codec == Codec.TEXT
+            else bytes
+        )
+        return {k: decode(v) for k, v in t.items()}
+
+    # the key (and a patch's topic) are checked first: a TypeError of the engine's is then
+    # the encoder's, said again with the topic and the fix
+
+    def _set(self, name: str, key: str, value: Any) -> int:
+        t = self._table(name)
+        check_key(t, key)
+        try:
+            return self.engine.set_entry(t, key, value)
+        except TypeError as exc:
+            _not_json("set an entry of", name, exc, value, t.codec)
+
+    def _patch(self, name: str, key: str, partial: Any) -> int:
+        t = self._table(name)
+        check_key(t, key)
+        if t.codec != Codec.JSON:
+            raise TypeError(f"patch needs a JSON topic; {quoted(name)} is not one: use set")
+        try:
+            return self.engine.patch_entry(t, key, partial)
+        except TypeError as exc:
+            _not_json("patch an entry of", name, exc, partial, t.codec)
+
+    def _replace(self, name: str, table: Mapping[str, Any]) -> int:
+        t = self._table(name)
+        for key in table:
+            check_key(t, key)
+        try:
+            return self.engine.replace_table(t, table)
+        except TypeError as exc:
+            bad = next((v for v in table.values() if not _encodes(v, t.codec)), None)
+            _not_json("replace the table of", name, exc, bad, t.codec)
+
+    def _table(self, name: str) -> KeyedTopic:
+        t = self.engine.shared_named(name, self.registry)
+        if not isinstance(t, KeyedTopic):
+            raise ProtocolError(
+                f"{quoted(name)} is not a keyed topic (its channel is not keyed=True): use publish",
+                ErrorCode.UNKNOWN,
+            )
+        return t
+
+    def _in_loop(self, call: Callable[[], T]) -> T:
+        if self._thread and self._thread != threading.get_ident():
+            return call_in_loop(self._loop, call)
+        return call()
+
+
+def _encodes(value: Any, codec: int) -> bool:
+    try:
+        encode_payload(value, codec)
+    except TypeError:
+        return False
+    return True

@@ -228,6 +228,8 @@ class Rubris(_Publishing, _Tables):
         max_topics: int | None = None,
         max_keys: int | None = None,
         batch: int = 64,
+        presence: bool | str = False,
+        presence_info: Callable[[Session], Any] | None = None,
     ) -> Callable[[F], F]:
         """Register a shared channel: ``snapshot=True``, ``ring=N`` or ``keyed=True`` (a live
         table: ``set``, ``patch``, ``delete``, ``replace``). The handler ``(session,
@@ -240,7 +242,10 @@ class Rubris(_Publishing, _Tables):
         last publish with no subscriber (``Timing.topic_keep``; None: for ever);
         ``max_topics``: the channel's topics alive at once (``Limits.max_topics_per_channel``).
         Keyed: ``max_keys`` live keys a topic (``Limits.max_keys``), ``batch`` entries a frame
-        for one subscriber at most.
+        for one subscriber at most. ``presence=True``: who subscribes is the keyed topic
+        ``{topic}@presence`` (an entry per user, ``{"sessions": n, "info": …}``, ``info`` what
+        ``presence_info(session)`` returns) and the snapshot ``{topic}@count``; ``"count"``:
+        the count alone.
         """
         return self.registry.shared(
             pattern,
@@ -254,6 +259,8 @@ class Rubris(_Publishing, _Tables):
             max_topics=max_topics,
             max_keys=max_keys,
             batch=batch,
+            presence=presence,
+            presence_info=presence_info,
         )
 
     def private(

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from ..errors import RegistrationClosed
 from ..protocol import Codec, Mode
+from .keyed.presence import COUNT, PRESENCE, PresenceSpec
 from .queues.settings import QueueSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -102,6 +103,16 @@ class Channel:
     """Topics of this channel alive at once."""
     max_keys: int | None = None
     """A keyed channel's live keys per topic (None: ``Limits.max_keys``)."""
+    presence: PresenceSpec | None = None
+    """Who subscribes to its topics is shown on ``{topic}@presence`` and ``{topic}@count``."""
+    companions: dict[str, Channel] = field(default_factory=dict)
+    """With ``presence``: the channels of ``@presence`` (keyed, when members are shown) and
+    ``@count`` (a snapshot), authorised by this channel's handler."""
+    companion: str = ""
+    """A companion channel's suffix (``@presence``, ``@count``); its handler is the watched
+    channel's, asked only whether the session may subscribe (its value is not used)."""
+    hidden: bool = False
+    """The ``@presence`` of a channel with ``presence="count"``: refused (code 4)."""
 
     def match(self, name: str) -> dict[str, str] | None:
         m = self.regex.match(name)
@@ -154,6 +165,7 @@ class Registry:
     def _add(self, ch: Channel) -> None:
         if any(c.pattern == ch.pattern for c in self.channels):
             raise ValueError(f"channel {ch.pattern!r} is registered twice")
+        self._watched(ch)
         self.channels.append(ch)
         if not ch.params:
             self._exact[ch.pattern] = ch
@@ -172,9 +184,17 @@ class Registry:
         max_topics: int | None = None,
         max_keys: int | None = None,
         batch: int = 64,
+        presence: bool | str = False,
+        presence_info: Callable[[Any], Any] | None = None,
     ) -> Callable[[F], F]:
         """Register a shared channel: ``snapshot=True`` (latest value), ``ring=N`` (last N)
         or ``keyed=True`` (a live table of entries under keys, protocol.md section 5b).
+
+        ``presence=True``: who subscribes to each topic is the keyed topic
+        ``{topic}@presence`` (one entry per user, ``{"sessions": n, "info": …}``, ``info``
+        what ``presence_info(session)`` returns) and the snapshot ``{topic}@count``
+        (``{"members": m, "sessions": n}``), both authorised as ``{topic}`` by the handler;
+        ``presence="count"`` offers only the count.
 
         ``keep``: seconds a topic the application published to outlives its last publish
         without subscribers (default the registry's; None: for ever); ``max_topics``: its
@@ -198,6 +218,13 @@ class Registry:
             raise ValueError(f"channel {pattern!r}: max_keys must be >= 1, got {max_keys}")
         if isinstance(batch, bool) or batch < 1:
             raise ValueError(f"channel {pattern!r}: batch must be >= 1, got {batch}")
+        if presence not in (False, True, "count"):
+            raise ValueError(
+                f"channel {pattern!r}: presence is True, 'count' or False, got {presence!r}"
+            )
+        if presence_info is not None and not presence:
+            raise ValueError(f"channel {pattern!r}: presence_info needs presence=True")
+        spec = PresenceSpec(presence is True, presence_info) if presence else None
         if keep is not _UNSET and keep is not None and not keep > 0:
             raise ValueError(f"channel {pattern!r}: keep must be > 0 or None, got {keep}")
         publishing = _publishing(pattern, client_publish)
@@ -220,12 +247,36 @@ class Registry:
                     wants_params=_accepts(fn, "params"),
                     keep=self.keep if keep is _UNSET else keep,
                     max_topics=self._bound(pattern, max_topics),
+                    presence=spec,
                     **publishing,
                 )
             )
             return fn
 
         return deco
+
+    def _watched(self, ch: Channel) -> None:
+        """The companion channels of a channel with ``presence``: what ``match`` answers for
+        ``{topic}@presence`` and ``{topic}@count``."""
+        spec = ch.presence
+        if spec is None:
+            return
+        for suffix in (PRESENCE, COUNT):
+            keyed = suffix == PRESENCE
+            ch.companions[suffix] = Channel(
+                ch.pattern + suffix,
+                Mode.KEYED if keyed else Mode.SNAPSHOT,
+                ch.handler,
+                ch.regex,
+                ch.params,
+                batch=64 if keyed else 1,
+                compress_at=ch.compress_at,
+                wants_params=ch.wants_params,
+                keep=ch.keep,
+                max_topics=ch.max_topics,
+                companion=suffix,
+                hidden=keyed and not spec.members,
+            )
 
     def private(
         self,
@@ -315,7 +366,16 @@ class Registry:
         return deco
 
     def match(self, name: str) -> tuple[Channel, dict[str, str]] | None:
-        """The channel ``name`` belongs to and its parameters (exact names first)."""
+        """The channel ``name`` belongs to and its parameters (exact names first); a name
+        ending ``@presence`` or ``@count`` of a channel with ``presence``, its companion."""
+        if name.endswith(PRESENCE) or name.endswith(COUNT):
+            suffix = PRESENCE if name.endswith(PRESENCE) else COUNT
+            found = self._match(name[: -len(suffix)])
+            if found is not None and found[0].presence is not None:
+                return found[0].companions[suffix], found[1]
+        return self._match(name)
+
+    def _match(self, name: str) -> tuple[Channel, dict[str, str]] | None:
         ch = self._exact.get(name)
         if ch is not None:
             return ch, {}

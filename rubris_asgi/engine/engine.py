@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import itertools
+import logging
 import secrets
 import time
 from collections import deque
@@ -34,6 +35,7 @@ from .buffers import FrameBuffer, WriterPool
 from .channels import Channel, Registry
 from .intake import Intake
 from .keyed.operations import TableOperations
+from .keyed.presence import COUNT, PRESENCE, LocalBook, Members, member_of
 from .keyed.topic import KEYED, KeyedTopic
 from .lifetimes import Lifetimes
 from .membership import Membership, Relay, Relayed
@@ -52,6 +54,8 @@ from .topics import (
     encode_payload,
     new_epoch,
 )
+
+log = logging.getLogger("rubris_asgi")
 
 PARKED = 1 << 62
 """A ring cursor held while its session resumes: past any head, so nothing is sent."""
@@ -93,6 +97,11 @@ class Engine(QueueOperations, TableOperations):
         self.queues: dict[str, QueueTopic] = {}
         self.tables: dict[str, KeyedTopic] = {}
         """The keyed topics among ``topics``: what the tombstones' sweep walks."""
+        self.watched: dict[str, Channel] = {}
+        """Topics whose channel has ``presence``, by name: their subscribers are members."""
+        self._book = LocalBook(self._set_member, self._drop_member, self._set_count)
+        self.members = Members(self._book)
+        """This node's sessions per member of each watched topic (keyed/presence.py)."""
         self.lifetimes = Lifetimes(self.config, self.topics, self.queues, self.telemetry, clock)
         """How many topics each channel has, and when one nobody needs goes."""
         self.sessions: dict[str, Session] = {}
@@ -129,6 +138,8 @@ class Engine(QueueOperations, TableOperations):
         shared publish; its queue home keeps the queues' items, those made already too)."""
         self.relay = m.relay
         self.session_prefix = m.session_prefix
+        if m.presence is not None:
+            self.members.book = m.presence
         self.queue_home = home = m.queue_home
         if home is not None:
             for q in self.queues.values():
@@ -141,6 +152,7 @@ class Engine(QueueOperations, TableOperations):
     def leave(self) -> None:
         """Alone again (the broker stopped): publishes numbered here, queue items kept here."""
         self.relay = None
+        self.members.book = self._book
         self.intake.unblock()  # what waited for the relay's room is published here now
         home, self.queue_home = self.queue_home, None
         if home is not None:
@@ -418,13 +430,68 @@ class Engine(QueueOperations, TableOperations):
             batch=ch.batch,
         )
         t.keep = ch.keep
+        if ch.presence is not None:
+            self.watched[name] = ch
         self.lifetimes.born(t, ch)
         return t
 
     def retire(self, now: float, followed: Callable[[str], bool]) -> int:
         """Forget the topics nobody needs (engine/lifetimes.py); ``followed(name)``: whether
-        a distributed broker still follows a shared topic for other nodes."""
-        return self.lifetimes.retire(now, followed)
+        a distributed broker still follows a shared topic for other nodes. The presence
+        topics of a topic with members here are kept."""
+        holds = self.members.holds
+        n = self.lifetimes.retire(now, lambda name: followed(name) or holds(name))
+        if n:
+            for name in [n for n in self.watched if n not in self.topics]:
+                del self.watched[name]
+        return n
+
+    # presence (keyed/presence.py): this node's book writes the companions of a topic
+
+    def _companion(self, name: str, suffix: str) -> SharedTopic | None:
+        t = self.topics.get(name + suffix)
+        if t is None:
+            ch = self.watched.get(name)
+            if ch is None:
+                return None
+            t = self.topic_of(name + suffix, ch.companions[suffix])
+        return t
+
+    def _set_member(self, name: str, member: str, value: Any) -> None:
+        t = self._companion(name, PRESENCE)
+        if isinstance(t, KeyedTopic):
+            self.set_entry(t, member, value)
+
+    def _drop_member(self, name: str, member: str) -> None:
+        t = self.topics.get(name + PRESENCE)
+        if isinstance(t, KeyedTopic):
+            self.delete_entry(t, member)
+
+    def _set_count(self, name: str, count: dict[str, int]) -> None:
+        t = self._companion(name, COUNT)
+        if t is not None:
+            t.publish(encode_payload(count, Codec.JSON), False, self.clock())
+
+    def _joined(self, s: Session, t: SharedTopic) -> None:
+        ch = self.watched.get(t.name)
+        if ch is None or ch.presence is None:
+            return
+        info = ch.presence.info
+
+        def ask() -> Any:
+            if info is None:
+                return None
+            try:
+                return info(s)
+            except Exception:  # the application's hook: its failure is logged, not the join's
+                log.exception("presence_info of %r failed", t.name)
+                return None
+
+        self.members.joined(t.name, member_of(s.owner, s.id), s, ask)
+
+    def _left(self, s: Session, t: SharedTopic) -> None:
+        if t.name in self.watched:
+            self.members.left(t.name, member_of(s.owner, s.id), s)
 
     def discard_topic(self, name: str) -> bool:
         """Forget the shared topic ``name`` if nobody subscribes to it (True when it did)."""
@@ -541,7 +608,10 @@ class Engine(QueueOperations, TableOperations):
         way: that is how a resumed client states where it is (protocol §5, "Resume is exact").
         """
         if isinstance(t, KeyedTopic):
-            return self.subscribe_keyed(s, t, req, epoch, since, every)
+            keyed = self.subscribe_keyed(s, t, req, epoch, since, every)
+            if self.watched:
+                self._joined(s, t)
+            return keyed
         sub = s.subs.get(t.number)
         if sub is None:
             self._check_room(s)
@@ -574,6 +644,8 @@ class Engine(QueueOperations, TableOperations):
         if sub.has_more():
             s.pending[sub] = None
             self.scheduler.client_pending(s)
+        if self.watched:
+            self._joined(s, t)
         return sub
 
     # private topics
@@ -692,6 +764,8 @@ class Engine(QueueOperations, TableOperations):
             t.subs.pop(sub, None)
             if not t.subs:
                 self.lifetimes.left(t)
+            if self.watched:
+                self._left(s, t)
         if isinstance(sub, PrivateSub):
             while sub.waiters:
                 sub.waiters.popleft()()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
+from .keyed.presence import PresenceBook
 from .queues import QueueHome, QueueItem, QueueTopic
 from .topics import SharedTopic
 
@@ -83,3 +84,5 @@ class Membership:
     """What this node's session ids start with (its node id and a mark)."""
     queue_home: QueueHome | None = None
     """Where work-queue topics keep their waiting items (None: here)."""
+    presence: PresenceBook | None = None
+    """Where the members of watched topics are added up across nodes (None: here alone)."""

@@ -22,6 +22,7 @@ from ..control.budget import Budget
 from ..engine.channels import Channel, Registry
 from ..engine.engine import Engine
 from ..engine.flow import on_nak
+from ..engine.keyed.presence import COUNT
 from ..engine.keyed.topic import KeyedTopic
 from ..engine.queues import QueueTopic
 from ..engine.session import Session, SessionState
@@ -185,6 +186,16 @@ class Dispatcher:
             e.reject(s, m.req, ErrorCode.UNKNOWN, f"unknown topic {quoted(m.name)}")
             return
         ch, kwargs = found
+        if ch.hidden:
+            watched = m.name[: -len(ch.companion)]
+            e.reject(
+                s,
+                m.req,
+                ErrorCode.NOT_AUTHORISED,
+                f"the members of {quoted(watched)} are not shown (presence='count'): "
+                f"subscribe to {quoted(watched + COUNT)}",
+            )
+            return
         try:
             params = self._payload(s, m.params, m.compressed)
             last = _last(params) if ch.shared else 0
@@ -203,6 +214,8 @@ class Dispatcher:
                 initial = ch.handler(s, **kwargs)
                 if inspect.isawaitable(initial):
                     initial = await initial
+                if ch.companion:  # asked whether it may watch the topic: not its value
+                    initial = NOBODY if ch.companion == COUNT else None
         except Reject as r:
             e.reject(s, m.req, r.code, r.reason)
             return
@@ -495,6 +508,10 @@ def _last(params: Any) -> int:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ProtocolError("last must be an integer of at least 1", ErrorCode.PROTOCOL)
     return n
+
+
+NOBODY = {"members": 0, "sessions": 0}
+"""The first value of a ``{topic}@count`` nobody has joined yet."""
 
 
 def _every(params: Any, ch: Channel) -> float:

@@ -185,6 +185,31 @@ class FrameBuilder:
                     kt: KeyedTopic = ks.topic  # type: ignore[assignment]
                     c = ks.cursor
                     head = kt.seq
+                    memo = kt.memo
+                    if (
+                        memo is not None
+                        and memo[0] == c
+                        and memo[2] == head
+                        and memo[1] == ks.synced
+                        and ks.base < 0
+                        and not ks.every
+                        and (
+                            size + memo[4] <= cap
+                            or (not size and (cap := room(memo[4])) >= memo[4])
+                        )
+                    ):
+                        # the same messages as the last subscriber read from the same place
+                        # (every up-to-date subscriber of a cycle), at the cost of one extend
+                        append(memo[3])
+                        size += memo[4]
+                        c = ks.cursor = memo[5]
+                        if c >= head:
+                            ks.synced = head
+                        else:
+                            if busy is None:
+                                busy = []
+                            busy.append(sub)
+                        continue
                     base = ks.base
                     if c >= head and (base < 0 or c > head):  # all read (or parked: resuming)
                         continue
@@ -206,14 +231,15 @@ class FrameBuilder:
                         c = 0
                         ks.start(0)
                         base = ks.base
+                    synced = ks.synced
                     seqs = kt.log_seq
                     keys = kt.log_key
                     entries = kt.entries
-                    synced = ks.synced
                     end = len(seqs)
                     i = bisect_right(seqs, c)
                     k = kt.batch
                     sent = False
+                    start, size0, c0 = len(parts), size, c
                     while i < end and k:
                         seq = seqs[i]
                         e = entries.get(keys[i])
@@ -237,6 +263,8 @@ class FrameBuilder:
                         sent = True
                     if i >= end and not full:
                         c = head  # read to the end: nothing after the last line
+                    if base < 0 and not full and c0 >= kt.forgotten:
+                        kt.memo = (c0, synced, head, b"".join(parts[start:]), size - size0, c)
                     ks.cursor = c
                     if c >= head:
                         ks.synced = head

@@ -69,6 +69,7 @@ class KeyedTopic(SharedTopic):
         "tombstones",
         "max_keys",
         "batch",
+        "memo",
     )
 
     def __init__(
@@ -107,6 +108,12 @@ class KeyedTopic(SharedTopic):
         self.max_keys = max_keys
         self.batch = batch
         """ENTRY messages a frame carries at most for one subscriber (then other topics)."""
+        self.memo: tuple[int, int, int, bytes, int, int] | None = None
+        """What the frame builder took last for a subscriber past its first state: (cursor,
+        synced, head, the messages joined, their bytes, the cursor after): the next one at the
+        same place, the same head, takes the same bytes object (frames.py), one part of its
+        frame, so that a frame of it alone is the same object for all (server/direct.py
+        frames a WebSocket message once per object)."""
 
     def publish(self, payload: bytes, compressed: bool, stamp: float) -> int:
         raise TypeError(
@@ -182,6 +189,7 @@ class KeyedTopic(SharedTopic):
                 n += 1
                 if seq > self.forgotten:
                     self.forgotten = seq
+                    self.memo = None  # built for a cursor that may be behind it now
         return n
 
     def value_of(self, key: str) -> bytes | None:

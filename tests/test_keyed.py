@@ -423,3 +423,36 @@ def test_max_rate_on_a_keyed_topic_after_its_initial_state() -> None:
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     assert all(0.25 - 1e-9 <= g <= 0.26 + 1e-9 for g in gaps)
     assert e.scheduler.next_timer() is not None or not t.subs
+
+
+def test_what_is_kept_is_kept_at_its_own_size() -> None:
+    """A key's value, and a waiting queue item, hold their bytes and not the 4 KiB buffer
+    orjson wrote them into (engine/topics.py ``trimmed``)."""
+    import gc
+    import tracemalloc
+
+    from rubris_asgi.engine.channels import Registry
+    from rubris_asgi.engine.queues import QueueSettings
+
+    reg = Registry()
+
+    @reg.queue("jobs", QueueSettings(max_length=10_000))
+    def jobs(session: Any) -> None: ...
+
+    e, _ = make()
+    t = table(e)
+    q = e.queue_named("jobs", reg)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(2000):
+            e.set_entry(t, f"k{i}", {"px": i, "qty": 300})
+        keyed = tracemalloc.get_traced_memory()[0]
+        for i in range(2000):
+            e.enqueue(q, {"job": i, "symbol": "AAPL"}, None, None)
+        queued = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert (keyed - before) / 2000 < 1024  # about 400 bytes a key (4.4 KiB untrimmed)
+    assert (queued - keyed) / 2000 < 512  # about 190 bytes an item (4.2 KiB untrimmed)

@@ -16,7 +16,7 @@ import orjson
 from ...errors import ErrorCode, ProtocolError, TableFull
 from ...protocol import Codec, Subscribed, encode
 from ...protocol import patch as merge
-from ..topics import encode_payload
+from ..topics import encode_payload, trimmed
 from .topic import KeyedSub, KeyedTopic, reset_message
 
 if TYPE_CHECKING:
@@ -138,6 +138,7 @@ class TableOperations:
         return self._packed(t, key, payload, patch)
 
     def _packed(self, t: KeyedTopic, key: str, payload: bytes, patch: bytes | None) -> Prepared:
+        payload = trimmed(payload)  # kept for as long as the key lives
         compress = self.compression.maybe_compress
         data = compress(payload, t.compress_at)
         self.pool.check_size(len(data[0]) + len(key) * 4 + ENTRY_HEADER)

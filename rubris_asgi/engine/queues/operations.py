@@ -17,7 +17,7 @@ import orjson
 from ...errors import ErrorCode, ProtocolError, QueueFull
 from ...protocol import Codec, Mode, Revoke, Subscribed, encode
 from ..session import SessionState
-from ..topics import encode_payload, new_epoch
+from ..topics import encode_payload, new_epoch, trimmed
 from .consumer import QueueSub
 from .producers import QueueProducers
 from .settings import QueueSettings
@@ -144,7 +144,7 @@ class QueueOperations:
         now = self.clock()
         if item_id is not None and q.duplicate(item_id, now):
             return False
-        item = QueueItem(payload, compressed, item_id, now, batch_item)
+        item = QueueItem(trimmed(payload), compressed, item_id, now, batch_item)
         if q.home is not None:
             q.home.put(q, item)  # shared by several nodes: the item waits there
             return True
@@ -225,7 +225,7 @@ class QueueOperations:
                 duplicates.append(i)
                 continue
             data, compressed = self.compression.maybe_compress(payload, q.compress_at)
-            q.put(QueueItem(data, compressed, item_id, now, batch_item))
+            q.put(QueueItem(trimmed(data), compressed, item_id, now, batch_item))
         return duplicates
 
     def subscribe_queue(

@@ -53,6 +53,7 @@ from .topics import (
     Sub,
     encode_payload,
     new_epoch,
+    trimmed,
 )
 
 log = logging.getLogger("rubris_asgi")
@@ -518,8 +519,9 @@ class Engine(QueueOperations, TableOperations):
         # that keeps a message that passes here from being refused when it is written
         self.pool.check_size(len(data) + 32)
         relay = self.relay
-        if relay is not None:
-            return relay(t, data, compressed, Relayed.PUBLISH if stamp is None else Relayed.TAKEN)
+        if relay is not None:  # it waits in the broker's outbox: at its own size
+            how = Relayed.PUBLISH if stamp is None else Relayed.TAKEN
+            return relay(t, trimmed(data), compressed, how)
         return t.publish(data, compressed, self.clock() if stamp is None else stamp)
 
     def prepare(self, t: SharedTopic, value: Any) -> tuple[bytes, bool]:
@@ -528,7 +530,7 @@ class Engine(QueueOperations, TableOperations):
             encode_payload(value, t.codec), t.compress_at
         )
         self.pool.check_size(len(data) + 32)
-        return data, compressed
+        return trimmed(data), compressed  # for the broker's outbox, where it waits
 
     def publish_if_followed(self, t: SharedTopic, value: Any) -> None:
         """Publish ``value`` where a distributed broker has subscribers for ``t`` on any node

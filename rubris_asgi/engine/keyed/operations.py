@@ -165,7 +165,8 @@ class TableOperations:
         With ``epoch`` equal to the topic's and every delete after ``since`` still known, only
         the keys changed after ``since`` (``recovered``); with another epoch, or a delete
         forgotten, RESET and the whole table. A topic ``s`` holds already is repositioned the
-        same way (a resumed client restating where it is)."""
+        same way (a resumed client restating where it is), keeping the ``max_rate`` it was made
+        with."""
         sub = s.subs.get(t.number)
         if not isinstance(sub, KeyedSub):
             self._check_room(s)
@@ -173,8 +174,6 @@ class TableOperations:
             s.subs[t.number] = sub
             s.names[t.name] = sub
             t.subs[sub] = None
-        else:
-            sub.every = every
         recovered = epoch != 0 and epoch == t.epoch and t.forgotten <= since <= t.seq
         self.direct(
             s, encode(Subscribed(req, t.number, t.mode, t.codec, t.epoch, t.seq, recovered, t.name))

@@ -14,8 +14,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-import orjson
-
 from ..engine.channels import Registry
 from ..engine.engine import Engine
 from ..engine.keyed.operations import check_key
@@ -73,14 +71,7 @@ class _Tables:
         if not isinstance(t, KeyedTopic):
             self._table(name)  # an unknown name or a topic not keyed: its error
             return {}
-        decode: Callable[[bytes], Any] = (
-            orjson.loads
-            if t.codec == Codec.JSON
-            else bytes.decode
-            if t.codec == Codec.TEXT
-            else bytes
-        )
-        return {k: decode(v) for k, v in t.items()}
+        return t.values()
 
     # the key (and a patch's topic) are checked first: a TypeError of the engine's is then
     # the encoder's, said again with the topic and the fix

@@ -108,8 +108,9 @@ async def housekeeping(
     broker: Broker,
 ) -> None:
     """Expire detached sessions and idle long-poll sessions; end sessions blocked too long;
-    close WebSockets silent for twice the heartbeat; retire the topics nobody needs every
-    ``RETIRE_EVERY`` seconds; the broker's upkeep every ``BROKER_SWEEP`` seconds."""
+    close WebSockets silent for twice the heartbeat; retire the topics nobody needs, and forget
+    the keyed topics' tombstones past ``Timing.tombstones``, every ``RETIRE_EVERY`` seconds; the
+    broker's upkeep every ``BROKER_SWEEP`` seconds."""
     timing = config.timing
     writer = config.writer
     swept = retired = engine.clock()
@@ -123,6 +124,7 @@ async def housekeeping(
         if now - retired >= RETIRE_EVERY:
             retired = now
             engine.retire(now, broker.follows)
+            engine.forget_tombstones(now)
         if now - swept >= BROKER_SWEEP:
             swept = now
             broker.sweep(now)

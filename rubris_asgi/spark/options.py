@@ -10,20 +10,31 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pyspark.sql.types import (
     ArrayType,
+    ByteType,
+    CharType,
     DataType,
     DoubleType,
     FloatType,
+    IntegerType,
+    LongType,
     MapType,
+    ShortType,
+    StringType,
     StructType,
     TimestampType,
+    VarcharType,
 )
 
 MODES = ("publish", "enqueue")
+ROW_OPS = ("set", "patch", "delete")
+"""What an ``opColumn`` may say (any case; null: set). A row cannot replace a whole table."""
+_TEXT = (StringType, CharType, VarcharType)
+_KEY_TYPES = (*_TEXT, ByteType, ShortType, IntegerType, LongType)
 
 
 class OptionError(ValueError):
@@ -95,6 +106,10 @@ class SinkOptions:
     value: str | None
     columns: tuple[str, ...] | None
     id_column: str | None
+    key_column: str | None
+    """Publish: the column whose value is each row's key in a keyed topic (a live table)."""
+    op_column: str | None
+    """With ``key_column``: the column saying what the row does to its key (``ROW_OPS``)."""
     track: bool
     announce: str | None
     batch_size: int
@@ -148,6 +163,7 @@ class SinkOptions:
             if mode != "enqueue":
                 raise OptionError("option idColumn is for mode enqueue (publish has no ids)")
             id_column = column(id_column.strip(), "option idColumn")
+        key_column, op_column = _keyed(opts, mode, schema, column)
         track = flag(opts, "track", False)
         if track and mode != "enqueue":
             raise OptionError(
@@ -158,8 +174,10 @@ class SinkOptions:
             raise OptionError("option announce names where a tracked batch is announced: set track")
         if value is not None:
             payload = [value]
-        else:
-            payload = list(columns) if columns is not None else names
+        elif columns is not None:
+            payload = list(columns)
+        else:  # the whole row, less what says what to do with it
+            payload = [n for n in names if n != op_column]
         floats = tuple(
             f.name
             for f in schema.fields
@@ -174,6 +192,8 @@ class SinkOptions:
             value=value,
             columns=columns,
             id_column=id_column,
+            key_column=key_column,
+            op_column=op_column,
             track=track,
             announce=announce,
             batch_size=int(number(opts, "batchSize", 1000, 1)),
@@ -187,6 +207,38 @@ class SinkOptions:
             ),
             flat=not any(_holds_rows(f.dataType) for f in schema.fields),
         )
+
+
+def _keyed(
+    opts: dict[str, str], mode: str, schema: StructType, column: Callable[[str, str], str]
+) -> tuple[str | None, str | None]:
+    """Options keyColumn and opColumn: which column keys each row, which says its op."""
+    key = opts.get("keycolumn")
+    op = opts.get("opcolumn")
+    if key is None:
+        if op is not None:
+            raise OptionError("option opColumn needs keyColumn: ops change the entries of keys")
+        return None, None
+    if mode != "publish":
+        raise OptionError("option keyColumn is for mode publish: it writes keyed topics")
+    key = column(key.strip(), "option keyColumn")
+    kind = schema[key].dataType
+    if not isinstance(kind, _KEY_TYPES):
+        raise OptionError(
+            f"option keyColumn: column {key!r} is {kind.simpleString()}; a key is a string "
+            "(or an integer, written in decimal)"
+        )
+    if op is not None:
+        op = column(op.strip(), "option opColumn")
+        kind = schema[op].dataType
+        if not isinstance(kind, _TEXT):
+            raise OptionError(
+                f"option opColumn: column {op!r} is {kind.simpleString()}; it must be a string "
+                f"column ({', '.join(ROW_OPS)})"
+            )
+        if op == key:
+            raise OptionError("options keyColumn and opColumn name the same column")
+    return key, op
 
 
 def _holds_rows(kind: DataType) -> bool:

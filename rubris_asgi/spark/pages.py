@@ -87,6 +87,12 @@ class TopicClient:
             )
         try:
             body = orjson.loads(r.content)
+            if isinstance(body, dict) and body.get("mode") == "keyed":
+                raise RubrisSourceError(
+                    f"topic {topic!r} is a keyed topic (a live table): the rubris source reads "
+                    "snapshot and ring topics; read a table with GET api/topics/{name} "
+                    "(docs/protocol.md section 10) or subscribe to it"
+                )
             return Page(
                 topic,
                 body["mode"],

@@ -6,8 +6,14 @@ decimals as numbers), the ``columns`` option's subset of it, or the ``value`` co
 binary value goes as ``data_b64`` (for bytes topics), anything else as ``data``. In enqueue
 mode each entry carries an ``id``: ``idColumn``'s value, or ``{write}:{partition}:{index}``.
 
+With ``keyColumn`` the entry changes one entry of a keyed topic (a live table, protocol.md 5b):
+``"key"`` is the column's value (an integer in decimal), and ``opColumn``'s value says what the
+row does: set the key to the payload (null, the default), patch it with the payload (an RFC
+7386 merge: a null column removes that member), or delete it (no payload).
+
 A row that cannot be sent raises ``SinkError`` naming the partition and the row's index in it:
-a template column that is null, a float that is NaN or infinite, a value JSON cannot carry.
+a template column that is null, a float that is NaN or infinite, a value JSON cannot carry, a
+key that is null or empty, an op that is not one.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import orjson
 from pyspark.sql.types import Row
 
 from ..errors import RubrisError
-from .options import SinkOptions
+from .options import ROW_OPS, SinkOptions
 
 
 class RowError(RubrisError):
@@ -61,7 +67,12 @@ class RowEncoder:
         self.fields = [(name, at[name]) for name in opts.topic_fields]
         self.value = at[opts.value] if opts.value is not None else None
         self.columns = [(c, at[c]) for c in opts.columns] if opts.columns is not None else None
+        if opts.op_column is not None and opts.columns is None and opts.value is None:
+            # the whole row is the payload, less the column that says what to do with it
+            self.columns = [(c, i) for c, i in at.items() if c != opts.op_column]
         self.id_at = at[opts.id_column] if opts.id_column is not None else None
+        self.key_at = at[opts.key_column] if opts.key_column is not None else None
+        self.op_at = at[opts.op_column] if opts.op_column is not None else None
         # a Row's timestamps are naive local time; arrow_rows made them UTC already
         self.stamps = [] if plain else [at[name] for name in opts.stamp_columns]
 
@@ -75,6 +86,8 @@ class RowEncoder:
             row = tuple(values) if opts.flat else Row(**dict(zip(opts.names, values, strict=True)))
         try:
             entry: dict[str, Any] = {"topic": self._topic(row) if self.template else opts.topic}
+            if self.key_at is not None and self._keyed(entry, row) == "delete":
+                return orjson.dumps(entry)  # a delete carries no data
             for name, i in self.floats:
                 v = row[i]
                 if v is not None and not math.isfinite(v):
@@ -107,6 +120,30 @@ class RowEncoder:
             raise RowError(
                 f"partition {self.partition}, row {index}: a value JSON cannot carry: {exc}"
             ) from None
+
+    def _keyed(self, entry: dict[str, Any], row: Row | tuple[Any, ...]) -> str:
+        """Put the row's key and op into ``entry`` (set, the default, is left out); the op."""
+        assert self.key_at is not None
+        key = row[self.key_at]
+        if key is None:
+            raise RowError(f"the key column {self.opts.key_column!r} is null")
+        key = key if isinstance(key, str) else str(key)  # an integer column: decimal
+        if not key:
+            raise RowError(f"the key column {self.opts.key_column!r} is empty")
+        entry["key"] = key
+        op = "set"
+        if self.op_at is not None:
+            said = row[self.op_at]
+            if said is not None:
+                op = said.strip().lower()
+                if op not in ROW_OPS:
+                    raise RowError(
+                        f"the op column {self.opts.op_column!r} is {said!r}: "
+                        f"{', '.join(ROW_OPS)} (or null: set)"
+                    )
+        if op != "set":
+            entry["op"] = op
+        return op
 
     def _topic(self, row: Row | tuple[Any, ...]) -> str:
         values = {}

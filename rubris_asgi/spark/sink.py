@@ -18,6 +18,11 @@ What a retried task or a replayed micro-batch does:
   nothing is enqueued twice: exactly once into the queue, within that window.
 - ``publish``: shared topics have no ids, so a retried task publishes its rows again: at least
   once (a snapshot topic ends at the same value; a ring topic shows the repeats).
+- ``publish`` with ``keyColumn`` (a keyed topic, a live table): a retried task sets, patches
+  and deletes again, in the same order, and every op is idempotent (a set of the value held and
+  a delete of a key not held change nothing; a merge patch applied twice is applied once), so
+  the table ends as the first attempt left it. Meanwhile a key may show an earlier value of the
+  same partition's rows again, until the retry reaches that key's last row.
 
 With ``track`` (enqueue only) a ``df.write`` opens one tracker batch on the driver, and each
 micro-batch of a ``writeStream`` one batch named after the query and the micro-batch (so a

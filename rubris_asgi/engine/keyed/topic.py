@@ -26,8 +26,11 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
-from ...protocol import EntryOp, Mode, entry_message
+import orjson
+
+from ...protocol import Codec, EntryOp, Mode, entry_message
 from ..topics import SharedTopic, Sub
 
 KEYED = int(Mode.KEYED)
@@ -199,6 +202,14 @@ class KeyedTopic(SharedTopic):
     def items(self) -> list[tuple[str, bytes]]:
         """The live entries in the order of their latest change: (key, payload)."""
         return [(k, e.value) for k, e in self.entries.items() if e.value is not None]
+
+    def values(self) -> dict[str, Any]:
+        """The live entries decoded by the topic's codec (JSON values, ``str``, ``bytes``)."""
+        if self.codec == Codec.JSON:
+            return {k: orjson.loads(v) for k, v in self.items()}
+        if self.codec == Codec.TEXT:
+            return {k: v.decode() for k, v in self.items()}
+        return dict(self.items())
 
     def after(self, since: int) -> list[tuple[str, KeyEntry]]:
         """Each key whose latest change is after ``since``, tombstones included, in seq order."""

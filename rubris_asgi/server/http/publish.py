@@ -17,6 +17,11 @@ before the body is read (may this caller send a body at all? guard.API), then on
 the body names. A browser page of another origin is refused (403) before either. Those
 checks, the body's limits (size: 413, time: 408) and the shape of every refusal are the API's
 guard (guard.py), which ``HttpApi`` is and the other routes of the API use through it.
+
+An entry for a keyed topic (a live table, protocol.md section 5b) carries a ``"key"`` and an
+``"op"`` instead of a message: it is checked with the others, against the table as the
+request's earlier entries leave it (``max_keys``: 409), and applied by ``apply_changes`` after
+the intake took the request's messages, never through the intake (keyed.py says why).
 """
 
 from __future__ import annotations
@@ -38,12 +43,15 @@ from ...cluster import Broker, LocalBroker
 from ...config import Config
 from ...engine.channels import Channel, Registry
 from ...engine.engine import Engine
+from ...engine.keyed.topic import KeyedTopic
 from ...engine.queues import QueueTopic
+from ...engine.topics import trimmed
 from ...errors import BatchError, MessageTooLarge, ProtocolError
 from ...protocol import Codec, Mode
 from ...protocol.naming import quoted
 from .guard import _JSON, Guard, OriginAllowed, Refusal, json_body, same_origin
 from .guard import AuthorizeApi as AuthorizeApi  # the hook's type, as app/rubris.py names it
+from .keyed import KEYED_FIELDS, Change, plan_changes, stage_change
 
 _Item = tuple[QueueTopic, bytes, "str | None", "str | None"]
 """An item ready for ``Engine.offer_items``: queue, payload, id, batch item."""
@@ -55,7 +63,7 @@ BROKER_RETRY_AFTER = 1
 itself, retrying within a second)."""
 
 _NDJSON = "application/x-ndjson"
-_PUBLISH_KEYS = frozenset({"topic", "data", "data_b64"})
+_PUBLISH_KEYS = frozenset({"topic", "data", "data_b64"}) | KEYED_FIELDS
 _ENQUEUE_KEYS = frozenset({"topic", "data", "data_b64", "id", "batch_item"})
 MAX_ID = 256
 """Bytes in an item id at most."""
@@ -112,7 +120,8 @@ class HttpApi(Guard):
     # the endpoint
 
     async def publish(self, request: Request) -> Response:
-        """POST {mount}/api/publish."""
+        """POST {mount}/api/publish: messages into the intake, keyed changes applied (all of
+        them or none)."""
         try:
             await self.admit(request, body=True)
             if not self.engine.intake.room(1, 0):
@@ -120,10 +129,31 @@ class HttpApi(Guard):
             body = await self.read_body(request)
             entries = self._parse(request.headers.get("content-type", ""), body)
             channels: dict[str, Channel | None] = {}  # per request: a name is matched once
-            staged = [self._stage(index, entry, channels, False) for index, entry in entries]
-            await self.check_authorised(request, [(e[0], e[1]) for e in staged])
+            staged = []
+            changes: list[Change] = []
+            for index, entry in entries:
+                name, ch = self._locate(index, entry, channels, False)
+                if ch.mode == Mode.KEYED:
+                    changes.append(
+                        stage_change(index, entry, name, ch.codec, self.engine, _payload)
+                    )
+                else:
+                    staged.append(self._staged(index, entry, name, ch, False))
+            if changes:
+                self.check_keyed(changes[0].index)
+            # the hook is asked in entry order, whatever the kind of each entry
+            names: list[tuple[int, str]] = [(e[0], e[1]) for e in staged]
+            names += [(c.index, c.name) for c in changes]
+            await self.check_authorised(request, sorted(names))
             engine = self.engine
             items = [(engine.topic_of(name, ch), payload) for _i, name, ch, payload, *_ in staged]
+            for c in changes:
+                found = channels[c.name]
+                assert found is not None  # staged: its channel was found
+                t = engine.topic_of(c.name, found)
+                assert isinstance(t, KeyedTopic)  # a keyed channel makes keyed topics
+                c.topic = t
+            plan_changes(changes, engine)
         except Refusal as r:
             return self.refusal(r)
         except ProtocolError as exc:  # too many topics on this server
@@ -131,9 +161,44 @@ class HttpApi(Guard):
         down = self.broker.unavailable()
         if down is not None:
             return self._broker_away(down)
-        if not engine.offer(items):
+        if items and not engine.offer(items):
             return self._full(len(items))
-        return self._answer({"accepted": len(items), "duplicates": 0})
+        # after the intake took its part: nothing can refuse the changes now (planned above)
+        await self.apply_changes(changes)
+        return self._answer({"accepted": len(entries), "duplicates": 0})
+
+    def check_keyed(self, index: int | None) -> None:
+        """501 when keyed topics cannot be used over the API with this broker: a distributed
+        one (Redis) does not carry keyed changes yet, and a change applied on this node alone
+        would leave the others' tables behind, silently. Asked before anything is taken, by
+        publish and by the topics read."""
+        if self.broker.distributed:
+            raise Refusal(
+                501,
+                "keyed topics are not shared through the broker (several servers) yet: "
+                "nothing of this request was taken",
+                index,
+            )
+
+    async def apply_changes(self, changes: list[Change]) -> None:
+        """Apply a request's keyed changes, checked and planned, in request order: the one
+        place where the API changes a live table. Each is O(1) in the engine (the value
+        encoded once, its ENTRY messages built once; subscribers get it by the next cycle).
+
+        A distributed broker would number them here instead (``check_keyed`` refuses them
+        until it does); async for that reason, though nothing here waits."""
+        engine = self.engine
+        for c in changes:
+            t = c.topic
+            assert t is not None  # found by publish
+            if c.op == "set":
+                engine.set_entry(t, c.key, c.payload)
+            elif c.op == "patch":
+                engine.patch_entry(t, c.key, c.data)
+            elif c.op == "delete":
+                engine.delete_entry(t, c.key)
+            else:
+                engine.replace_table(t, c.table)
 
     async def enqueue(self, request: Request) -> Response:
         """POST {mount}/api/enqueue (``?batch={id}``: the items become one group of that
@@ -293,6 +358,13 @@ class HttpApi(Guard):
     ) -> tuple[int, str, Channel, bytes, str | None, ItemRef | None]:
         """One entry checked and encoded: (index, topic, channel, payload, item id, batch
         item)."""
+        name, ch = self._locate(index, entry, channels, queue)
+        return self._staged(index, entry, name, ch, queue)
+
+    def _locate(
+        self, index: int, entry: Any, channels: dict[str, Channel | None], queue: bool
+    ) -> tuple[str, Channel]:
+        """An entry's shape and fields checked, and the channel of its topic found."""
         if not isinstance(entry, dict):
             raise Refusal(400, f"an entry must be an object, got {_json_type(entry)}", index)
         extra = entry.keys() - (_ENQUEUE_KEYS if queue else _PUBLISH_KEYS)
@@ -316,6 +388,21 @@ class HttpApi(Guard):
         if ch is None:
             kind = "queue" if queue else "shared"
             raise Refusal(404, f"no {kind} channel offers the topic {quoted(name)}", index)
+        if ch.companion:
+            # {topic}@presence and @count are the server's account of who subscribes: a
+            # publisher's entry there would be a forged member or count
+            why = f"{quoted(name)} is written by the server (presence): it cannot be published to"
+            raise Refusal(403, why, index)
+        return name, ch
+
+    def _staged(
+        self, index: int, entry: dict[str, Any], name: str, ch: Channel, queue: bool
+    ) -> tuple[int, str, Channel, bytes, str | None, ItemRef | None]:
+        """An entry of a topic other than keyed, located, checked and encoded."""
+        if not queue and not KEYED_FIELDS.isdisjoint(entry):
+            mode = Mode(ch.mode).name.lower()
+            why = f'"key" and "op" are for keyed topics; {quoted(name)} is a {mode} topic'
+            raise Refusal(400, why, index)
         item_id = entry.get("id")
         if item_id is not None and (
             not isinstance(item_id, str) or not item_id or len(item_id.encode()) > MAX_ID
@@ -368,7 +455,7 @@ def _payload(codec: int, entry: dict[str, Any], index: int) -> bytes:
         if not isinstance(data, str):
             raise Refusal(400, f"a text topic takes a string, got {_json_type(data)}", index)
         return data.encode()
-    return orjson.dumps(data)
+    return trimmed(orjson.dumps(data))  # it waits in the intake: at its own size
 
 
 def _str(ref: ItemRef | None) -> str | None:

@@ -23,6 +23,11 @@ compares ``oldest`` itself, as a subscriber is told by GAP. A snapshot holds one
 ``oldest`` is its head): skipped values are conflated, which is not loss. ``after`` at or past
 the head answers no messages, which is the cheap way to read ``epoch``, ``head`` and ``oldest``.
 
+A keyed topic (a live table) answers its entries instead of messages: the whole table, or the
+changes after ``after``, with ``base`` and ``next`` to page on (keyed.py, ``keyed_answer``).
+Not yet with several servers: a distributed broker does not carry keyed topics, so reading one
+is refused (501, ``HttpApi.check_keyed``) rather than answered from this server's copy alone.
+
 With several workers sharing their topics through Redis, any worker answers: it follows the
 topic (reads its epoch, seq and ring from Redis, then hears every publish) while it is read,
 so the answer is the same whichever worker takes the request.
@@ -31,7 +36,8 @@ Access is checked as for publishing: a browser page's origin (403), the bearer t
 then the ``authorize_api`` hook asked with the topic (403; the hook tells a read by
 ``request.method == "GET"``; a GET has no body, so the hook is not asked ``"$api"``). Only topics
 of shared channels can be read (404 for the rest, private and queue topics included); reading a
-topic that does not exist yet creates it empty, as a subscriber would.
+topic that does not exist yet creates it empty, as a subscriber would. The ``@presence`` of a
+channel with ``presence="count"`` is refused (403), as its subscribers are.
 """
 
 from __future__ import annotations
@@ -44,13 +50,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from ...engine.keyed.topic import KeyedTopic
 from ...engine.topics import RING, SharedTopic
 from ...errors import BrokerUnavailable, ProtocolError
-from ...protocol import COMPRESSED, Codec
+from ...protocol import COMPRESSED, Codec, Mode
 from ...protocol.deflate import inflate
 from ...protocol.naming import quoted
 from ...protocol.wire import read_uv
 from .guard import Refusal, answer_headers
+from .keyed import keyed_answer
 from .publish import HttpApi
 
 MAX_LIMIT = 10_000
@@ -91,12 +99,17 @@ class TopicApi:
             after = _int(params.get("after"), "after", 0, _UV_MAX)
             epoch = _int(params.get("epoch"), "epoch", 0, _UV_MAX)
             limit = _int(params.get("limit"), "limit", 1, MAX_LIMIT)
+            base = _int(params.get("base"), "base", 0, _UV_MAX)  # keyed topics' (keyed.py)
             # authorised before the name is looked up: a reader that may not read a topic
             # does not learn whether a channel offers it
             await api.check_authorised(request, [(None, name)], "read")
             found = api.registry.match(name)
             if found is None or not found[0].shared:
                 raise Refusal(404, f"no shared channel offers the topic {quoted(name)}")
+            if found[0].hidden:  # presence="count": its members are refused to subscribers too
+                raise Refusal(403, f"the members of {quoted(name)} are not shown")
+            if found[0].mode == Mode.KEYED:
+                api.check_keyed(None)
             topic = api.engine.topic_of(name, found[0])
             if api.broker.distributed:
                 await api.broker.follow(topic)  # what Redis holds, kept while read
@@ -104,11 +117,16 @@ class TopicApi:
             return api.refusal(r)
         except (ProtocolError, BrokerUnavailable) as exc:  # too many topics; Redis away
             return api.refusal(Refusal(503, str(exc)))
-        if after is None or (epoch is not None and epoch != topic.epoch):
-            after = 0  # none, or the numbering restarted: the seq means nothing in this epoch
         fill = api.engine.intake.fill
         budget = api.config.limits.api_body
-        body = answer(topic, after, limit or DEFAULT_LIMIT, budget, fill)
+        if isinstance(topic, KeyedTopic):
+            body = keyed_answer(
+                topic, after or 0, epoch, base or 0, limit or DEFAULT_LIMIT, budget, fill
+            )
+        else:
+            if after is None or (epoch is not None and epoch != topic.epoch):
+                after = 0  # none, or the numbering restarted: the seq means nothing in this epoch
+            body = answer(topic, after, limit or DEFAULT_LIMIT, budget, fill)
         headers = {**answer_headers(200, fill), "Cache-Control": "no-store"}
         return Response(body, 200, headers, media_type="application/json")
 

@@ -125,3 +125,13 @@ def test_registration_checks() -> None:
         reg.shared("b", snapshot=True, presence_info=lambda s: None)
     with pytest.raises(ValueError, match="no client PUBLISH"):
         reg.shared("c", keyed=True, client_publish=True)
+
+
+def test_presence_names_are_reserved_where_there_is_no_presence() -> None:
+    reg = Registry()
+
+    @reg.shared("px.{sym}", snapshot=True)
+    def px(session: Any, sym: str) -> None: ...
+
+    assert reg.match("px.k@presence") is None and reg.match("px.k@count") is None
+    assert reg.match("px.k") is not None

@@ -35,6 +35,10 @@ The API, on :class:`Client`::
     await client.enqueue(name, value)   (a work item: returns when the server took it)
     refused = await client.enqueue_many(name, values)    (many: the ItemRefused, by .index)
     state = await client.watch_batch(batch, *, on_update=None, timeout=None)    (protocol.md 8c)
+    sub = await client.subscribe(name, ..., max_rate=None)    (a snapshot: at most r values/s)
+    book = await client.subscribe_table(name, on_change=None, *, max_rate=None)  (protocol.md 5b)
+    room = await client.presence(name, on_join=None, on_leave=None, on_update=None)
+    count = await client.presence_count(name, on_change=None)
     client.state, client.stats, client.session_id, client.resumed, client.rejections
     Client(url, ..., on_refused=callback)   (told each Rejection of publish(): topic, value)
 
@@ -49,6 +53,19 @@ waited too long in the consumer's buffer; REVOKE drops items not yet taken; an i
 connection is never acknowledged. :mod:`rubris_asgi.client.consumer` tells the whole of it.
 ``subscribe()`` on a queue topic, or ``consume()`` on another, raises
 :class:`SubscribeRejected` with code 0.
+
+Keyed topics (mode 5, live tables) are subscribed with :meth:`Client.subscribe_table`, which
+returns a :class:`TableSubscription`: ``book.table`` is a read-only :class:`Table` (a mapping of
+key to value) the reader keeps equal to the server's, ``await book.wait_synced()`` waits for it
+to be whole, and each :class:`Change` (``key``, ``op``: set, patch, delete, reset, synced,
+``value``, ``seq``) goes to ``on_change`` or to ``async for change in book``. Presence:
+:meth:`Client.presence` follows ``{name}@presence`` as a :class:`Presence` (``members``,
+``count``, ``on_join``/``on_leave``/``on_update``, one member per user however many tabs), and
+:meth:`Client.presence_count` ``{name}@count`` as a :class:`PresenceCount` (``members``,
+``sessions``). A resumed session restates each table's epoch and seq as it does its rings, and
+a new session subscribes again with them: the server sends what changed since, or RESET and the
+whole table; a resume is never a leave. :mod:`rubris_asgi.client.tables` and
+:mod:`rubris_asgi.client.presence` tell the rest.
 
 How it runs: :meth:`Client.connect` starts one supervisor task that opens a connection, sends
 HELLO and waits for WELCOME; then, per connection, one reader task (frames strictly in order;
@@ -130,11 +147,14 @@ from .errors import (
 from .outbox import OUTBOX_SIZE as OUTBOX_SIZE
 from .outcomes import ENQUEUE_WINDOW as ENQUEUE_WINDOW
 from .outcomes import PUBLISHES_KEPT as PUBLISHES_KEPT
+from .presence import Presence, PresenceCount
 from .stats import ConsumerStats
 from .subscription import GAPS_KEPT as GAPS_KEPT
 from .subscription import NAK_LEVELS as NAK_LEVELS
 from .subscription import QUEUE_SIZE as QUEUE_SIZE
 from .subscription import GapInfo, PushInfo, Subscription
+from .table import Change, Table
+from .tables import TableSubscription
 
 if TYPE_CHECKING:
     from .publisher import Publisher, PublishError, PublisherStats, SyncPublisher
@@ -164,6 +184,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CallError",
+    "Change",
     "Client",
     "ClientStats",
     "ConnectionLost",
@@ -172,6 +193,8 @@ __all__ = [
     "GapInfo",
     "ItemRefused",
     "OutcomeUnknown",
+    "Presence",
+    "PresenceCount",
     "PublishError",
     "Publisher",
     "PublisherStats",
@@ -183,5 +206,7 @@ __all__ = [
     "SubscriptionEnded",
     "State",
     "SyncPublisher",
+    "Table",
+    "TableSubscription",
     "watch_batch",
 ]

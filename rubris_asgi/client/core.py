@@ -37,15 +37,18 @@ from .batches import watch_batch as _watch_batch
 from .concurrency import _within
 from .consumer import Consumer, QueueItem, _Settler
 from .errors import _lost
+from .following import _Following
 from .handlers import _ServerMessages
 from .links import _endpoints, _Link
 from .outbox import _Outbox
 from .outcomes import Rejection, _Outcomes, _RefusalLog
 from .payloads import _dumps
+from .presence import Presence
 from .producing import _Producing
 from .stats import ClientStats
 from .subscription import GapInfo, PushInfo, Subscription, _StreamBox, _Topic
 from .supervisor import State, _Supervisor
+from .tables import TableSubscription, _rate_params
 
 if TYPE_CHECKING:  # httpx is imported by the first long-poll connection (supervisor._new_link)
     import httpx
@@ -56,7 +59,7 @@ CLOSE_FLUSH = 1.0
 """Seconds ``close()`` waits for what was handed over (PUBLISHes, ACKs) to be written."""
 
 
-class Client(_Supervisor, _ServerMessages, _Producing):
+class Client(_Supervisor, _ServerMessages, _Producing, _Following):
     """An asyncio client of one rubris session (see the :mod:`rubris_asgi.client` docstring).
 
     Args:
@@ -291,6 +294,7 @@ class Client(_Supervisor, _ServerMessages, _Producing):
         params: Any = None,
         on_gap: Callable[[GapInfo], Any] | None = None,
         last: int | None = None,
+        max_rate: float | None = None,
     ) -> Subscription:
         """Subscribe to ``name`` and wait for SUBSCRIBED.
 
@@ -305,6 +309,11 @@ class Client(_Supervisor, _ServerMessages, _Producing):
         instead. A snapshot topic ignores it (its value comes anyway); on a private topic the
         application's subscribe handler sees it among its params.
 
+        ``max_rate=r`` (protocol.md section 5b), on a snapshot topic: after the first value,
+        at most one value every 1/r s, the latest each time. Sent as ``{"max_rate": r}``
+        merged into ``params`` (which must then be a dict, or None), on every SUBSCRIBE; the
+        server refuses it on other kinds of topic (code 1).
+
         On a resumed session the client restates where each ring topic stands (SUBSCRIBE with
         ``epoch`` and ``last_seq``, in the frame of the resuming HELLO); the server replays
         what it still holds after that, with a GAP first (to ``on_gap``) for what it lost.
@@ -314,17 +323,23 @@ class Client(_Supervisor, _ServerMessages, _Producing):
             SubscribeRejected: the server refused.
             RubrisError: this client already holds a subscription to ``name``.
             ConnectionLost: the client closed first.
-            ValueError: ``last`` is not an integer of at least 1.
-            TypeError: ``last`` with ``params`` that are not a dict (a JSON object).
+            ValueError: ``last`` is not an integer of at least 1, ``max_rate`` not a finite
+                number above 0.
+            TypeError: ``last`` or ``max_rate`` with ``params`` that are not a dict (a JSON
+                object).
         """
         first: bytes | None = None
         n = 0
-        if last is not None:
-            if isinstance(last, bool) or not isinstance(last, int) or last < 1:
-                raise ValueError(f"last must be an integer of at least 1, got {last!r}")
-            if params is not None and not isinstance(params, dict):
+        if last is not None and (isinstance(last, bool) or not isinstance(last, int) or last < 1):
+            raise ValueError(f"last must be an integer of at least 1, got {last!r}")
+        rate = _rate_params(max_rate)
+        for asked, given in (("last", last), ("max_rate", max_rate)):
+            if given is not None and params is not None and not isinstance(params, dict):
                 kind = type(params).__name__
-                raise TypeError(f"last needs params that are a JSON object (a dict), got {kind}")
+                raise TypeError(f"{asked} needs params that are a JSON object (a dict), got {kind}")
+        if rate:  # on every SUBSCRIBE, unlike ``last``
+            params = {**(params or {}), **rate}
+        if last is not None:
             n = last
             first = orjson.dumps({**(params or {}), "last": last})
         self._check_free(name)
@@ -420,10 +435,13 @@ class Client(_Supervisor, _ServerMessages, _Producing):
                 self._subs.pop(sub, None)
             raise
 
-    async def unsubscribe(self, sub: Subscription | Consumer) -> None:
+    async def unsubscribe(
+        self, sub: Subscription | Consumer | TableSubscription | Presence
+    ) -> None:
         """Unsubscribe and wait for UNSUBSCRIBED (or the end of the session).
 
-        For a :class:`Consumer` this is :meth:`Consumer.close`.
+        For a :class:`Consumer` this is :meth:`Consumer.close`; a table or presence keeps
+        what it held.
         """
         if sub._stats is not self.stats:  # each client has its own, for good
             raise ValueError("this subscription belongs to another client")

@@ -14,6 +14,8 @@ from ..errors import ErrorCode, ProtocolError
 from ..protocol import (
     ClientMessage,
     Codec,
+    Entry,
+    EntryOp,
     Flow,
     Gap,
     Goodbye,
@@ -45,6 +47,7 @@ from .outcomes import Rejection, _Outcomes, _RefusalLog
 from .payloads import _call_error, _decode
 from .stats import ClientStats
 from .subscription import GAPS_KEPT, GapInfo, PushInfo, Subscription, _StreamBox, _Topic
+from .tables import _since, _Table
 
 log = logging.getLogger("rubris_asgi.client")
 
@@ -81,6 +84,8 @@ class _ServerMessages:
     async def _on_message(self, msg: Message) -> None:
         if isinstance(msg, Push):
             await self._on_push(msg)
+        elif isinstance(msg, Entry):
+            await self._on_entry(msg)
         elif isinstance(msg, Item):
             self._on_item(msg)
         elif isinstance(msg, Revoke):
@@ -153,6 +158,23 @@ class _ServerMessages:
             if sub._unacked >= self.ack_every:
                 self._send_ack(sub)
 
+    async def _on_entry(self, m: Entry) -> None:
+        """One change of a keyed topic (protocol.md section 5b), folded into its table."""
+        sub = self._topics.get(m.topic)
+        if not isinstance(sub, _Table):
+            return  # unsubscribed meanwhile
+        value: Any = None
+        if m.op == EntryOp.SET:
+            value = _decode(sub.codec, self._inflate(m.payload, m.compressed), sub.name)
+        elif m.op == EntryOp.PATCH:  # a JSON merge patch, whatever the values' codec
+            value = _decode(Codec.JSON, self._inflate(m.payload, m.compressed), sub.name)
+        # every change applies, even one at or below the table's seq: a recovery may send again
+        # a key the client holds, always at its latest state, and SET, DELETE and merge patches
+        # are idempotent
+        level = await sub._entry(m.seq, m.op, m.key, value)
+        if level:
+            self._control(Nak(level))
+
     def _on_item(self, m: Item) -> None:
         sub = self._topics.get(m.topic)
         if not isinstance(sub, Consumer):
@@ -213,12 +235,15 @@ class _ServerMessages:
         sub = self._sub_reqs.pop(m.req, None)
         if sub is None:
             return
-        if (m.mode == Mode.QUEUE) != isinstance(sub, Consumer):
+        queue, keyed = m.mode == Mode.QUEUE, m.mode == Mode.KEYED
+        if queue != isinstance(sub, Consumer) or keyed != isinstance(sub, _Table):
             self._wrong_kind(sub, m)
             return
-        # Already active: the answer to a ring position restated by a resumed session (or to a
-        # SUBSCRIBE sent twice). It is the same subscription, moved to the position we stated:
-        # the fields below take its news (``recovered``: nothing lost since ``last_seq``).
+        # Already active: the answer to a ring or table position restated by a resumed session
+        # (or to a SUBSCRIBE sent twice). It is the same subscription, moved to the position we
+        # stated: the fields below take its news (``recovered``: nothing lost since then). A
+        # table needs nothing more here: another epoch, or a position the server cannot
+        # recover, is followed by a RESET, which empties it.
         was_active = sub.active
         late = 0  # the late joiner's n, if this answers the SUBSCRIBE that asked for it
         if sub._first_params is not None:
@@ -252,13 +277,21 @@ class _ServerMessages:
             fut.set_result(None)
 
     def _wrong_kind(self, sub: _Topic, m: Subscribed) -> None:
-        """``subscribe()`` found a queue topic, or ``consume()`` a topic that is not one: the
-        client gives it up (items and pushes are only understood by the other kind)."""
+        """``subscribe()`` found a queue or keyed topic, ``consume()`` a topic that is not a
+        queue, or ``subscribe_table()`` one that is not keyed: the client gives it up (pushes,
+        items and entries are each understood by one kind only)."""
         self._control(Unsubscribe(m.topic))  # its UNSUBSCRIBED finds no topic: ignored
         self._subs.pop(sub, None)
         name = quoted(sub.name)  # as SubscribeRejected looks for it: the name is shown once
+        use = {int(Mode.QUEUE): "consume", int(Mode.KEYED): "subscribe_table"}.get(
+            m.mode, "subscribe"
+        )
         if isinstance(sub, Consumer):
-            reason = f"{name} is not a queue topic (mode {m.mode}): use Client.subscribe()"
+            reason = f"{name} is not a queue topic (mode {m.mode}): use Client.{use}()"
+        elif isinstance(sub, _Table):
+            reason = f"{name} is not a keyed topic (mode {m.mode}): use Client.{use}()"
+        elif m.mode == Mode.KEYED:
+            reason = f"{name} is a keyed topic: use Client.subscribe_table()"
         else:
             reason = f"{name} is a queue topic: use Client.consume()"
         fut, sub._pending = sub._pending, None
@@ -290,14 +323,19 @@ class _ServerMessages:
         sub = self._topics.pop(m.topic, None)
         if sub is None:
             return
-        if m.code == ErrorCode.RESTARTED and sub._wanted and isinstance(sub, Subscription):
+        if (
+            m.code == ErrorCode.RESTARTED
+            and sub._wanted
+            and isinstance(sub, (Subscription, _Table))
+        ):
             # the topic's numbering began again (servers sharing it lost it): subscribe again,
-            # saying what we hold, to learn the new epoch (recovered=0); the subscription goes on
+            # saying what we hold, to learn the new epoch (recovered=0; a table is RESET and
+            # sent whole); the subscription goes on
             self.stats.restarted += 1
             sub.active = False
             req = next(self._reqs)
             self._sub_reqs[req] = sub
-            self._control(Subscribe(req, sub.name, sub.epoch, sub.last_seq, sub._params))
+            self._control(Subscribe(req, sub.name, sub.epoch, _since(sub), sub._params))
             return
         self._subs.pop(sub, None)
         if m.code == 0:

@@ -38,6 +38,7 @@ from .links import _Link, _NotNow
 from .outbox import _Outbox
 from .stats import ClientStats
 from .subscription import Subscription, _StreamBox, _Topic
+from .tables import _since, _Table
 
 if TYPE_CHECKING:  # httpx is imported by the first long-poll connection (see _new_link)
     import httpx
@@ -135,16 +136,19 @@ class _Supervisor:
         return _LongPollLink(self._lp_url, self._http, self.backoff, self.open_timeout)
 
     def _hello_frame(self) -> bytes:
-        """HELLO, and when it resumes, a SUBSCRIBE per ring topic held, in the same frame.
+        """HELLO, and when it resumes, a SUBSCRIBE per ring and keyed topic held, in the same
+        frame.
 
         A resumed session's ring topics go on from what the client holds, not from what the
         server wrote to the lost connection (protocol.md section 5, "Resume is exact"): the
         server answers each SUBSCRIBE with SUBSCRIBED (``recovered``) and replays from
-        ``last_seq + 1``, a GAP first for what its ring lost, before anything newer. In the
-        HELLO's frame, because the server holds the session's rings back only until that frame
-        has been handled. Should the server start a new session instead, these SUBSCRIBEs are
-        its re-subscriptions (:meth:`_restart_session` does not repeat them). Snapshot, private
-        and queue topics are not restated: the server keeps their state itself.
+        ``last_seq + 1``, a GAP first for what its ring lost, before anything newer. A keyed
+        topic the same way from its table's seq (section 5b): the keys changed since, or RESET
+        and the whole table. In the HELLO's frame, because the server holds the session's rings
+        and tables back only until that frame has been handled. Should the server start a new
+        session instead, these SUBSCRIBEs are its re-subscriptions (:meth:`_restart_session`
+        does not repeat them). Snapshot, private and queue topics are not restated: the server
+        keeps their state itself.
         """
         for req in self._restating:  # an earlier attempt's, never answered on a live connection
             self._sub_reqs.pop(req, None)
@@ -153,17 +157,14 @@ class _Supervisor:
         if not self._token:
             return data[0]
         for sub in self._subs:
-            if (
-                isinstance(sub, Subscription)
-                and sub.mode == Mode.RING
-                and sub.active
-                and sub._wanted
-                and sub.epoch
-            ):
+            positioned = isinstance(sub, _Table) or (
+                isinstance(sub, Subscription) and sub.mode == Mode.RING
+            )
+            if positioned and sub.active and sub._wanted and sub.epoch:
                 req = next(self._reqs)
                 self._sub_reqs[req] = sub
                 self._restating[req] = sub
-                data.append(encode(Subscribe(req, sub.name, sub.epoch, sub.last_seq, sub._params)))
+                data.append(encode(Subscribe(req, sub.name, sub.epoch, _since(sub), sub._params)))
         return b"".join(data)
 
     async def _handshake(self, link: _Link) -> tuple[Welcome, list[Message]]:
@@ -329,6 +330,9 @@ class _Supervisor:
                 elif sub.mode == Mode.PRIVATE:
                     sub.last_seq = sub._acked = sub._unacked = 0
                     sub._ack_due = False
+            elif isinstance(sub, _Table) and sub.epoch:
+                # what the table holds: the new session sends what changed since, or RESET
+                epoch, since = sub.epoch, sub.table.seq
             # a Consumer asks afresh with the same params (its prefetch); the server took back
             # what it held when the connection was lost, and _connection_lost emptied its buffer
             req = next(self._reqs)

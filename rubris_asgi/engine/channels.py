@@ -369,10 +369,14 @@ class Registry:
         """The channel ``name`` belongs to and its parameters (exact names first); a name
         ending ``@presence`` or ``@count`` of a channel with ``presence``, its companion."""
         if name.endswith(PRESENCE) or name.endswith(COUNT):
+            # reserved: a presence topic of a channel with presence, else no topic at all (a
+            # parameter taking "x@presence" would serve a client asking for presence where
+            # there is none a topic of the wrong kind)
             suffix = PRESENCE if name.endswith(PRESENCE) else COUNT
             found = self._match(name[: -len(suffix)])
             if found is not None and found[0].presence is not None:
                 return found[0].companions[suffix], found[1]
+            return None
         return self._match(name)
 
     def _match(self, name: str) -> tuple[Channel, dict[str, str]] | None:

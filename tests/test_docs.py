@@ -93,3 +93,11 @@ def test_metrics_example_runs() -> None:
     assert "rubris_publish_to_frame_seconds_count {} 5" in out
     assert "ops/stats without the token: 401" in out
     assert "ops/stats: this worker True {'connected': 1, 'detached': 0, 'closing': 0}" in out
+
+
+@pytest.mark.slow
+def test_tables_example_runs_and_prints_what_the_guide_shows() -> None:
+    out = run_example("tables")
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    shown = guide.split("(`python3 docs/examples/tables.py`). It prints:\n\n```\n", 1)[1]
+    assert out == shown.split("```", 1)[0]

@@ -172,6 +172,20 @@ async def test_check_ts_compiles_and_runs_against_a_live_server(compiled: Path) 
             assert counts == [5, 5, 4, 1, 0], stats
             assert sorted(r["consumer"]["attempts"]) == [1, 1, 1, 1, 2]
             assert r["loop"]["values"] == [0, 1]
+            table = r["table"]
+            assert table["info"]["mode"] == 5 and table["info"]["name"] == f"book.{tag}"
+            assert table["equal"] == [True] * 6, table  # the Map equals the server's table
+            # the first table, 2 sets, 2 patches (as PATCH or SET on the wire), 1 delete
+            assert table["ops"].get("synced") == 1 and table["ops"].get("delete") == 1
+            assert table["ops"].get("patch", 0) >= 1, table["ops"]
+            assert sum(table["ops"].get(op, 0) for op in ("set", "patch")) == 5, table["ops"]
+            assert table["keys"] == ["101", "102"] and table["rated"] == 1
+            assert rubris.entries(f"book.{tag}")["101"]["flags"] == {"hot": True}
+            presence = table["presence"]
+            assert presence["joined"] == 1 and presence["left"] == 1 and presence["count"] == 1
+            assert presence["member"] == {"sessions": 1, "info": None}
+            assert table["counts"][0] == {"members": 1, "sessions": 1}
+            assert table["counts"][-1] == {"members": 0, "sessions": 0}
             assert r["stats"]["messages"] > 0 and isinstance(r["stats"]["rttMs"], int)
             assert r["events"]["error"] == []
             assert r["afterClose"] == {"state": "closed", "call": "closed", "subscribe": "closed"}

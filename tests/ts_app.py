@@ -2,8 +2,9 @@
 
 rubris at /rubris with one channel of each mode and the methods the check calls to make the
 server act while it watches: publish to a snapshot or a ring topic, send to the caller's private
-topic, enqueue work items, open a batch of work items. Nothing is compressed except the ``big``
-topic's value, which the check reads when its Node can inflate raw DEFLATE.
+topic, enqueue work items, open a batch of work items, change a keyed topic's table and read it
+back (``table``); ``room.{id}`` shows who subscribes (presence). Nothing is compressed except the
+``big`` topic's value, which the check reads when its Node can inflate raw DEFLATE.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rubris_asgi import Config, Reject, Rubris, Session, Timing
 from rubris_asgi.batches import MemoryBatchStore
 
 BIG_TEXT = "rubris " * 300  # 2,100 bytes that deflate well
+NOTE = "n" * 100  # a book level this large changes one member as a PATCH
 
 
 def make_app() -> tuple[Rubris, Starlette]:
@@ -41,6 +43,14 @@ def make_app() -> tuple[Rubris, Starlette]:
     @rubris.shared("big", snapshot=True, compress_at=64)
     async def big(session: Session) -> Any:
         return {"text": BIG_TEXT}
+
+    @rubris.shared("book.{symbol}", keyed=True)
+    async def book(session: Session, symbol: str) -> Any:
+        return {"100": {"px": 100.0, "qty": 1, "note": NOTE}}
+
+    @rubris.shared("room.{id}", snapshot=True, presence=True)
+    async def room(session: Session, id: str) -> Any:  # noqa: A002
+        return {"room": id}
 
     @rubris.private("fills", queue=64)
     async def fills(session: Session) -> None:
@@ -93,6 +103,21 @@ def make_app() -> tuple[Rubris, Starlette]:
         for n in range(int(args["count"])):
             rubris.enqueue(f"jobs.{args['kind']}", {"n": n})
         return int(args["count"])
+
+    @rubris.rpc("table")
+    async def table(session: Session, args: Any) -> Any:
+        """``{name, op, key, value}``: set, patch or delete an entry of a keyed topic, then
+        ``{seq, entries}``: the topic's head and its whole table (``op`` "read" changes
+        nothing)."""
+        name, op = str(args["name"]), args["op"]
+        if op == "set":
+            rubris.set(name, args["key"], args["value"])
+        elif op == "patch":
+            rubris.patch(name, args["key"], args["value"])
+        elif op == "delete":
+            rubris.delete(name, args["key"])
+        seq = rubris.engine.topics[name].seq
+        return {"seq": seq, "entries": rubris.entries(name)}
 
     @rubris.rpc("open_batch")
     async def open_batch(session: Session, args: Any) -> str:

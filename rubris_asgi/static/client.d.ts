@@ -22,6 +22,7 @@ export declare const Kind: {
   readonly FLOW: 0x0b;
   readonly ITEM: 0x0c;
   readonly REVOKE: 0x0d;
+  readonly ENTRY: 0x0e;
   readonly HELLO: 0x21;
   readonly SUBSCRIBE: 0x22;
   readonly UNSUBSCRIBE: 0x23;
@@ -41,9 +42,24 @@ export declare const Mode: {
   readonly RING: 2;
   readonly PRIVATE: 3;
   readonly QUEUE: 4;
+  readonly KEYED: 5;
 };
 /** A topic mode: one of the values of {@link Mode}. */
 export type Mode = (typeof Mode)[keyof typeof Mode];
+
+/**
+ * ENTRY's `op` (§5b): SET (the whole value), PATCH (an RFC 7386 merge patch of the value held),
+ * DELETE, RESET (drop the table: a full state follows) and SYNCED (the table is whole as of seq).
+ */
+export declare const EntryOp: {
+  readonly SET: 1;
+  readonly PATCH: 2;
+  readonly DELETE: 3;
+  readonly RESET: 4;
+  readonly SYNCED: 5;
+};
+/** An ENTRY op: one of the values of {@link EntryOp}. */
+export type EntryOp = (typeof EntryOp)[keyof typeof EntryOp];
 
 /** Payload codecs announced in SUBSCRIBED (§2). */
 export declare const Codec: {
@@ -375,7 +391,7 @@ export interface ClientStats {
   rttMs: number | null;
 }
 
-/** `meta` of a PUSH (snapshot, ring and private topics). */
+/** `meta` of a PUSH (snapshot, ring and private topics), and of a keyed topic's change. */
 export interface PushMeta {
   name: string;
   seq: number;
@@ -419,6 +435,13 @@ export interface SubscribeOptions {
    * delivered on it and kept. A snapshot topic ignores it.
    */
   last?: number;
+  /**
+   * On a snapshot (or keyed) topic: at most this many messages a second (a finite number > 0)
+   * after the first value, each the latest (§5b). Sent as `{"max_rate": r}` merged into
+   * `params`, which must then be a plain object, on every SUBSCRIBE. A ring, private or queue
+   * topic refuses it (code 1).
+   */
+  maxRate?: number;
   /** Messages lost for good. */
   onGap?: (gap: { from: number; count: number }) => void;
   /**
@@ -430,6 +453,121 @@ export interface SubscribeOptions {
   onError?: (err: Refusal) => void;
   /** The server ended the subscription. */
   onUnsubscribed?: (why: Ending) => void;
+}
+
+// ----- keyed topics and presence (client/tables.js) --------------------------------------------
+
+/**
+ * One change of a keyed topic's table (§5b), as `onChange` gets it; the table already holds it.
+ * "set" and "patch": `value` is the entry's new whole value (a PATCH applied by RFC 7386);
+ * "delete": the value it had; "reset": the table was emptied, the whole of it follows;
+ * "synced": the table is whole as of `seq`.
+ */
+export type TableChange<V = unknown> =
+  | { key: string; op: "set" | "patch" | "delete"; value: V; seq: number }
+  | { key: ""; op: "reset" | "synced"; value: null; seq: number };
+
+/** Options of {@link RubrisClient.subscribeTable}. */
+export interface TableOptions<V = unknown> {
+  /** Each change, in order, once the table holds it. */
+  onChange?: (change: TableChange<V>) => void;
+  /**
+   * At most this many frames of this topic a second (a finite number > 0) after the first
+   * state, each with every changed key's latest state (SUBSCRIBE params `{"max_rate": r}`).
+   * One rate per table per client: another rate for a table already subscribed fails (code 6).
+   */
+  maxRate?: number;
+  /** As for subscribe(): every SUBSCRIBED (`recovered`: a resume got only what changed). */
+  onSubscribed?: (info: SubscribedInfo) => void;
+  /** The server refused (or the topic is not keyed: code 3). */
+  onError?: (err: Refusal) => void;
+  /** The server ended the subscription. */
+  onUnsubscribed?: (why: Ending) => void;
+}
+
+/**
+ * A keyed topic, subscribed (returned by {@link RubrisClient.subscribeTable}): its entries, kept
+ * current across reconnects, and every change to them. `V` is the caller's word for a value.
+ */
+export declare class TableSubscription<V = unknown> extends Subscription {
+  protected constructor();
+  /**
+   * Key → value, kept current (read it at any time; do not change it). After the subscription
+   * ends it keeps what it held.
+   */
+  get entries(): ReadonlyMap<string, V>;
+  /** True once the table is whole: its first state (or the state after a RESET) has come. */
+  get synced(): boolean;
+  /** The seq of the last change applied (0 before any). */
+  get seq(): number;
+  /**
+   * Resolves once {@link TableSubscription.synced} (at once if it is); rejects with the
+   * {@link RubrisError} the subscription ended with if it ends first.
+   */
+  whenSynced(): Promise<void>;
+}
+
+/** A member's entry in `{topic}@presence`: its sessions (tabs, devices) and the server's info. */
+export interface PresenceMember<I = unknown> {
+  sessions: number;
+  /** What the channel's `presence_info` says of the member; null by default. */
+  info: I;
+}
+
+/** Options of {@link RubrisClient.presence}. */
+export interface PresenceOptions<I = unknown> extends TableOptions<PresenceMember<I>> {
+  /** A member joined (the members of the first state too, once it is whole). */
+  onJoin?: (member: string, value: PresenceMember<I>) => void;
+  /** A member left; `value` is the one it had. */
+  onLeave?: (member: string, value: PresenceMember<I>) => void;
+  /** A member's sessions or info changed. */
+  onUpdate?: (member: string, value: PresenceMember<I>) => void;
+}
+
+/**
+ * Who subscribes to a topic (returned by {@link RubrisClient.presence}): the keyed topic
+ * `{topic}@presence`, one member per user however many tabs it has.
+ */
+export declare class Presence<I = unknown> extends TableSubscription<PresenceMember<I>> {
+  protected constructor();
+  /** The topic whose subscribers these are. */
+  readonly watched: string;
+  /**
+   * Member (the user's identity as a string; an anonymous session is a member of its own) →
+   * its entry, kept current.
+   */
+  get members(): ReadonlyMap<string, PresenceMember<I>>;
+  /** How many members. */
+  get count(): number;
+}
+
+/** `{topic}@count`'s value: members (users) and their sessions subscribed to the topic. */
+export interface PresenceCountDetail {
+  members: number;
+  sessions: number;
+}
+
+/** Options of {@link RubrisClient.presenceCount}. */
+export interface PresenceCountOptions {
+  /** As for subscribe(). */
+  maxRate?: number;
+  onSubscribed?: (info: SubscribedInfo) => void;
+  /** The server refused (code 3: the channel has no presence). */
+  onError?: (err: Refusal) => void;
+  onUnsubscribed?: (why: Ending) => void;
+}
+
+/** How many subscribe to a topic (returned by {@link RubrisClient.presenceCount}). */
+export declare class PresenceCount extends Subscription {
+  private constructor();
+  /** The topic whose subscribers these are. */
+  readonly watched: string;
+  /** Members (users) subscribed: 0 until the first count came. */
+  readonly members: number;
+  /** Their sessions. */
+  readonly sessions: number;
+  /** Resolves once the first count has come; rejects if the subscription ends first. */
+  whenSynced(): Promise<void>;
 }
 
 /** Options of {@link RubrisClient.consume}. */
@@ -530,7 +668,9 @@ export declare class RubrisClient {
    *   for it. A queue topic (better: consume()) gives items one at a time with {@link ItemMeta};
    *   each is ACKed when the callbacks return (or their promises resolve) and given back (NACK)
    *   when one throws.
-   * @throws TypeError for a bad `last` (or `last` with params that are not a plain object).
+   *   A keyed topic (better: subscribeTable()) gives each change, a {@link TableChange}.
+   * @throws TypeError for a bad `last` (or `last` or `maxRate` with params that are not a plain
+   *   object); RangeError for a bad `maxRate`.
    */
   subscribe<T = unknown>(
     name: string,
@@ -555,6 +695,36 @@ export declare class RubrisClient {
     opts?: ConsumeOptions,
   ): Consumer<T>;
   consume<T = unknown>(name: string, opts?: ConsumeOptions): Consumer<T>;
+
+  /**
+   * Subscribe to a keyed topic (§5b), a live table: the current entries, then SYNCED, then every
+   * change, each key conflated to its latest state when changes come faster than the page takes
+   * them. Kept across reconnects: a resume states the table's epoch and seq and gets the keys
+   * changed since (or a "reset" and the whole table). Subscriptions to one name share one table
+   * on this client; one joining a table already held gets a "set" per entry (and "synced").
+   * @throws RangeError for a bad `maxRate`.
+   */
+  subscribeTable<V = unknown>(name: string, opts?: TableOptions<V>): TableSubscription<V>;
+
+  /**
+   * Follow who subscribes to the topic `name` (`{name}@presence`): `members`, `count`, and
+   * onJoin/onLeave/onUpdate, told whole states (the first state's members join at its SYNCED; a
+   * RESET tells only the differences). `ready` rejects with code 3 when the channel has no
+   * presence, 4 when it shows the count alone.
+   * @throws RangeError for a bad `maxRate`.
+   */
+  presence<I = unknown>(name: string, opts?: PresenceOptions<I>): Presence<I>;
+
+  /**
+   * Follow how many subscribe to the topic `name` (`{name}@count`); `onCount` gets each count,
+   * the first at once.
+   * @throws RangeError for a bad `maxRate`.
+   */
+  presenceCount(
+    name: string,
+    onCount?: (count: PresenceCountDetail) => void,
+    opts?: PresenceCountOptions,
+  ): PresenceCount;
 
   /**
    * Call a server method.
@@ -698,6 +868,7 @@ type ServerMessage = { compressed: boolean } & (
   | { kind: 0x0b; fill: number }
   | { kind: 0x0c; topic: number; tag: number; attempt: number; payload: Uint8Array }
   | { kind: 0x0d; topic: number; tags: number[] }
+  | { kind: 0x0e; topic: number; seq: number; op: number; key: string; payload: Uint8Array }
 );
 
 /** A parsed client→server message (§4). ACK's numbers: `upto`, or a queue's `n tag×n`. */
@@ -760,6 +931,8 @@ export declare const _internal: Readonly<{
   deflateRaw(bytes: Uint8Array): Promise<Uint8Array>;
   /** Decode a topic payload by the codec SUBSCRIBED announced. */
   decodePayload(codec: number, bytes: Uint8Array): unknown;
+  /** `patch` applied to `target` by RFC 7386 (JSON merge patch); `target` is not changed. */
+  mergePatch(target: unknown, patch: unknown): unknown;
   /** The NAK level (§8) for an inbound queue of `length` items against `limit`. */
   nakLevel(length: number, limit: number): 0 | 50 | 75 | 87 | 100;
   CoDel: typeof CoDel;

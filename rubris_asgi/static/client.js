@@ -7,6 +7,7 @@
 //     client.subscribe("prices.AAPL", (price) => render(price));
 //     const result = await client.call("place_order", { symbol: "AAPL", side: "buy", qty: 10 });
 //     client.consume("jobs.resize", async (item) => resize(item.value), { prefetch: 8 });
+//     const book = client.subscribeTable("book.AAPL", { onChange: (c) => draw(c.key, c.value) });
 //
 // The wire contract is the project's protocol.md ("rubris wire protocol, version 1"); section
 // numbers quoted in the modules (§n) refer to it. This file is only the public entry: it
@@ -15,9 +16,10 @@
 //
 //   1. the codec (pure functions) and small helpers:
 //        client/codec.js          varints, strings, Writer/Reader, frames of `kind len body`
-//                                 messages, parsers and encoders; Kind, Mode, Codec, ErrorCode
-//        client/payloads.js       payload bytes to values and back (JSON, text, bytes) and raw
-//                                 DEFLATE both ways (DecompressionStream)
+//                                 messages, parsers and encoders; Kind, Mode, Codec, EntryOp,
+//                                 ErrorCode
+//        client/payloads.js       payload bytes to values and back (JSON, text, bytes), raw
+//                                 DEFLATE both ways (DecompressionStream), RFC 7386 merge patch
 //        client/util.js           clock, sleep, yieldToEventLoop, safeCall, RateMeter,
 //                                 backoffDelay, resolveUrls
 //        client/codel.js          CoDel: the control law (RFC 8289) that decides which items of
@@ -37,6 +39,9 @@
 //        client/calls.js          call, stream, streamIter, call timeouts, RESULT/STREAM
 //        client/subscriptions.js  subscribe/unsubscribe, WireSubscription, SUBSCRIBED, REJECTED,
 //                                 UNSUBSCRIBED, GAP, PUSH to listeners, ACKs of private topics
+//        client/tables.js         subscribeTable(), presence(), presenceCount(): keyed topics
+//                                 (§5b), ENTRY to the table and its change events;
+//                                 TableSubscription, Presence, PresenceCount
 //        client/queues.js         consume(), a queue topic's SUBSCRIBED, ITEM and REVOKE to its
 //                                 Consumer, the ACKs of a task in one message, reset on reconnect
 //        client/session.js        connect, WELCOME, new or resumed session, drops, reconnect
@@ -47,8 +52,8 @@
 //                                 connect()
 //
 // How the class is split: each concern module exports a plain object of methods
-// (`outboundMethods`, `flowMethods`, `callMethods`, `subscriptionMethods`, `queueMethods`,
-// `sessionMethods`), and
+// (`outboundMethods`, `flowMethods`, `callMethods`, `subscriptionMethods`, `tableMethods`,
+// `queueMethods`, `batchMethods`, `sessionMethods`), and
 // rubris-client.js copies them onto RubrisClient.prototype when it loads (`installMethods`:
 // non-enumerable like class methods; a name defined twice throws). Every method still runs with
 // `this` the client and shares its fields, as when it was one class body; the concern modules
@@ -57,8 +62,9 @@
 // Everything the client keeps is bounded: frames waiting for a connection (`maxPending`),
 // the inbound queue (snapshot topics conflate in it, the server slows down on NAK, private topics
 // are ACKed only once the app has seen them so the server's queue capacity bounds them), the
-// buffer of a `streamIter` (its producer waits for the consumer), and a queue consumer's local
-// buffer (the server's prefetch bounds it; `maxBuffer` caps it: beyond it items are NACKed).
+// buffer of a `streamIter` (its producer waits for the consumer), a queue consumer's local
+// buffer (the server's prefetch bounds it; `maxBuffer` caps it: beyond it items are NACKed), and
+// a keyed topic's table (the server's `max_keys` bounds it).
 
 import {
   ProtocolError,
@@ -75,7 +81,7 @@ import {
 } from "./client/codec.js";
 import { CoDel } from "./client/codel.js";
 import { nakLevel } from "./client/flow.js";
-import { decodePayload, deflateRaw, inflateRaw } from "./client/payloads.js";
+import { decodePayload, deflateRaw, inflateRaw, mergePatch } from "./client/payloads.js";
 import { backoffDelay, resolveUrls } from "./client/util.js";
 // Every other module is named here too, so that a browser fetches them all in one round trip
 // after this file instead of discovering them one import level at a time.
@@ -86,11 +92,13 @@ import "./client/outbound.js";
 import "./client/queues.js";
 import "./client/session.js";
 import "./client/subscriptions.js";
+import "./client/tables.js";
 import "./client/websocket.js";
 
-export { Codec, ErrorCode, Kind, Mode } from "./client/codec.js";
+export { Codec, EntryOp, ErrorCode, Kind, Mode } from "./client/codec.js";
 export { Consumer, QueueItem } from "./client/consumer.js";
 export { RubrisClient, connect } from "./client/rubris-client.js";
+export { Presence, PresenceCount, TableSubscription } from "./client/tables.js";
 export { RubrisError, Subscription } from "./client/values.js";
 
 /** Codec and helpers, exported for tests; not a stable API. */
@@ -109,6 +117,7 @@ export const _internal = Object.freeze({
   inflateRaw,
   deflateRaw,
   decodePayload,
+  mergePatch,
   nakLevel,
   CoDel,
   backoffDelay,

@@ -7,7 +7,9 @@
 // public API once per transport: connect, state events, a snapshot topic, a ring topic (late
 // joiner), a private topic, a queue topic subscribed, RPC (call, stream, streamIter), a work
 // queue consumed by a handler (ack, nack, redelivery) and by a loop, a batch watched to
-// completion, the error paths (each a RubrisError with its code), stats, on/off, close. It
+// completion, a keyed topic's table (set, patch, delete: the Map equals the server's table),
+// presence and its count, the error paths (each a RubrisError with its code), stats, on/off,
+// close. It
 // prints one JSON line, {"ok": true, ...} and exits 0, or {"ok": false, "error": ...} and exits 1.
 //
 // WebSocket: the global one where there is one (browsers, Node 22 and later), else the `ws`
@@ -17,13 +19,17 @@
 import {
   Codec,
   Consumer,
+  EntryOp,
   ErrorCode,
   Kind,
   Mode,
+  Presence,
+  PresenceCount,
   QueueItem,
   RubrisClient,
   RubrisError,
   Subscription,
+  TableSubscription,
   _internal,
   connect,
   type BatchState,
@@ -41,12 +47,18 @@ import {
   type GoodbyeDetail,
   type ItemMeta,
   type MessageMeta,
+  type PresenceCountDetail,
+  type PresenceCountOptions,
+  type PresenceMember,
+  type PresenceOptions,
   type PushMeta,
   type Refusal,
   type RubrisClientEvents,
   type StateDetail,
   type SubscribeOptions,
   type SubscribedInfo,
+  type TableChange,
+  type TableOptions,
   type Transport,
   type WatchBatchOptions,
   type WebSocketConstructor,
@@ -78,6 +90,17 @@ interface Order {
   symbol: string;
   side: "buy" | "sell";
   qty: number;
+}
+interface Level {
+  px: number;
+  qty: number;
+  note?: string;
+  flags?: { hot: boolean };
+}
+/** What the server's `table` method answers: its head and its whole table. */
+interface ServerTable {
+  seq: number;
+  entries: Record<string, Level>;
 }
 
 class CheckFailed extends Error {}
@@ -127,6 +150,15 @@ async function refusal(promise: Promise<unknown>, what: string): Promise<RubrisE
   throw new CheckFailed(`${what}: resolved instead of rejecting`);
 }
 
+/** JSON with every object's keys sorted: equal tables compare equal whatever their order. */
+function canonical(value: unknown): string {
+  return JSON.stringify(value, (_key, v: unknown) =>
+    v !== null && typeof v === "object" && !Array.isArray(v)
+      ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)))
+      : v,
+  );
+}
+
 /** The code of an error, as a RubrisError carries it: a §9 number or the client's own string. */
 function codeOf(err: RubrisError): ErrorCode | number {
   return err.code;
@@ -167,6 +199,7 @@ interface RunSummary {
   batch: { id: string; final: FinalBatchState; updates: BatchState[] };
   consumer: { stats: ConsumerStats; attempts: number[]; service: number; settled: string[] };
   loop: { values: number[] };
+  table: TablesSummary;
   stats: ClientStats;
   events: { error: ErrorDetail[]; goodbye: GoodbyeDetail[]; flow: FlowDetail[] };
   afterClose: { state: ClientState; call: ErrorCode | number; subscribe: ErrorCode | number };
@@ -447,6 +480,9 @@ async function run(url: string, transport: Transport): Promise<RunSummary> {
   assert(same(looped, [0, 1]), `loop ${JSON.stringify(looped)}`);
   assert(loop.closed && loop.stats.acked === 2, `loop stats ${JSON.stringify(loop.stats)}`);
 
+  // ----- a keyed topic's table, presence and its count
+  const table = await tables(client, tag);
+
   // ----- the codec, for the project's tests
   const ping = _internal.encode.ping(7);
   const [parsed] = _internal.decodeClientFrame(ping);
@@ -502,9 +538,125 @@ async function run(url: string, transport: Transport): Promise<RunSummary> {
     batch: { id: batch, final, updates },
     consumer: { stats: consumerStats, attempts, service: consumer.service, settled },
     loop: { values: looped },
+    table,
     stats,
     events: { error: errorEvents, goodbye: goodbyes, flow: flows },
     afterClose,
+  };
+}
+
+/** What the keyed topic and presence part of a run saw; `runs[transport].table`. */
+interface TablesSummary {
+  info: SubscribedInfo;
+  equal: boolean[];
+  ops: Record<string, number>;
+  seq: number;
+  keys: string[];
+  rated: number;
+  presence: { joined: number; left: number; count: number; member: PresenceMember | null };
+  counts: PresenceCountDetail[];
+}
+
+/**
+ * subscribeTable(): the first table, then sets, a patch and a delete made by the server; after
+ * each, the Map equals the server's table. presence() and presenceCount() of a topic this client
+ * subscribes to (it is the one member, anonymous).
+ */
+async function tables(client: RubrisClient, tag: string): Promise<TablesSummary> {
+  const name = `book.${tag}`;
+  const changes: TableChange<Level>[] = [];
+  const tableOpts: TableOptions<Level> = {
+    onChange: (change) => {
+      changes.push(change);
+      if (change.op === "set" || change.op === "patch") {
+        const value: Level = change.value; // the entry's new whole value
+        assert(book.entries.get(change.key) === value, "the table holds a change when told");
+      } else if (change.op === "reset" || change.op === "synced") {
+        const none: null = change.value;
+        assert(none === null && change.key === "", "reset and synced name no key");
+      }
+    },
+    maxRate: 1000,
+  };
+  const book: TableSubscription<Level> = client.subscribeTable<Level>(name, tableOpts);
+  assert(book instanceof TableSubscription && book instanceof Subscription, "a TableSubscription");
+  await within(book.whenSynced(), "the first table");
+  const info = await within(book.ready, "SUBSCRIBED of the keyed topic");
+  assert(info.mode === Mode.KEYED && book.synced, `table info ${JSON.stringify(info)}`);
+
+  const equal: boolean[] = [];
+  const change = async (args: Record<string, unknown>): Promise<void> => {
+    const server = await client.call<ServerTable>("table", { name, ...args });
+    await until(() => book.seq >= server.seq, `the table at seq ${server.seq}`);
+    const entries: ReadonlyMap<string, Level> = book.entries;
+    equal.push(canonical(Object.fromEntries(entries)) === canonical(server.entries));
+  };
+  await change({ op: "read" });
+  await change({ op: "set", key: "101", value: { px: 101, qty: 2, note: "n".repeat(100) } });
+  await change({ op: "patch", key: "101", value: { qty: 3, flags: { hot: true } } });
+  await change({ op: "patch", key: "100", value: { note: null } });
+  await change({ op: "delete", key: "100" });
+  await change({ op: "set", key: "102", value: { px: 102, qty: 1 } });
+  const patched = book.entries.get("101");
+  assert(patched?.qty === 3 && patched.flags?.hot === true && patched.note?.length === 100, "patch");
+  const ops: Record<string, number> = {};
+  for (const c of changes) ops[c.op] = (ops[c.op] ?? 0) + 1;
+  const merged = _internal.mergePatch({ a: 1, b: { c: 2, d: 3 } }, { a: null, b: { c: null } });
+  assert(same(merged, { b: { d: 3 } }), `mergePatch ${JSON.stringify(merged)}`);
+  const patchOp: EntryOp = EntryOp.PATCH;
+  assert(patchOp === 2 && Kind.ENTRY === 0x0e, "EntryOp and Kind.ENTRY");
+  book.unsubscribe();
+  assert(book.closed && book.entries.size === 2, "an ended table keeps what it held");
+
+  // maxRate on a snapshot topic: SUBSCRIBE params {"max_rate": r}
+  const rated: Price[] = [];
+  const ratedSub = client.subscribe<Price>(`prices.${tag}rated`, (p) => rated.push(p), {
+    maxRate: 20,
+  });
+  await until(() => rated.length === 1, "a rated snapshot's first value");
+  ratedSub.unsubscribe();
+
+  // presence: this client subscribes to the room; it is its only member
+  const room = client.subscribe(`room.${tag}`, () => undefined);
+  await within(room.ready, "SUBSCRIBED of the room");
+  let joined = 0;
+  let left = 0;
+  const presenceOpts: PresenceOptions<null> = {
+    onJoin: (_member, value) => {
+      joined += value.sessions;
+    },
+    onLeave: () => {
+      left++;
+    },
+  };
+  const who: Presence<null> = client.presence<null>(`room.${tag}`, presenceOpts);
+  assert(who instanceof Presence && who.watched === `room.${tag}`, "a Presence");
+  await within(who.whenSynced(), "the members");
+  const member: PresenceMember | null = [...who.members.values()][0] ?? null;
+  const counts: PresenceCountDetail[] = [];
+  const countOpts: PresenceCountOptions = { maxRate: 50 };
+  const count: PresenceCount = client.presenceCount(
+    `room.${tag}`,
+    (c) => counts.push(c),
+    countOpts,
+  );
+  assert(count instanceof PresenceCount && count instanceof Subscription, "a PresenceCount");
+  await within(count.whenSynced(), "the first count");
+  const presence = { joined, left: 0, count: who.count, member };
+  room.unsubscribe(); // the member leaves
+  await until(() => left === 1 && count.members === 0, "the leave");
+  presence.left = left;
+  who.unsubscribe();
+  count.unsubscribe();
+  return {
+    info,
+    equal,
+    ops,
+    seq: book.seq,
+    keys: [...book.entries.keys()].sort(),
+    rated: rated.length,
+    presence,
+    counts,
   };
 }
 

@@ -1,7 +1,8 @@
 // The wire codec (protocol.md §1–§4): varints, strings, Writer/Reader, frames of `kind len body`
 // messages, the parsers of server and client messages and the encoders of client messages, and
-// the protocol's numbers (Kind, Mode, Codec, ErrorCode). Pure functions without I/O: the bottom
-// layer, which imports nothing; tests and fake servers read frames with the code that writes them.
+// the protocol's numbers (Kind, Mode, Codec, EntryOp, ErrorCode). Pure functions without I/O:
+// the bottom layer, which imports nothing; tests and fake servers read frames with the code that
+// writes them.
 
 const PROTOCOL_VERSION = 1;
 export const SUBPROTOCOL = "rubris.v1";
@@ -21,6 +22,7 @@ export const Kind = Object.freeze({
   FLOW: 0x0b,
   ITEM: 0x0c,
   REVOKE: 0x0d,
+  ENTRY: 0x0e,
   HELLO: 0x21,
   SUBSCRIBE: 0x22,
   UNSUBSCRIBE: 0x23,
@@ -35,7 +37,13 @@ export const Kind = Object.freeze({
 const COMPRESSED = 0x80;
 
 /** Topic modes announced in SUBSCRIBED (§3). */
-export const Mode = Object.freeze({ SNAPSHOT: 1, RING: 2, PRIVATE: 3, QUEUE: 4 });
+export const Mode = Object.freeze({ SNAPSHOT: 1, RING: 2, PRIVATE: 3, QUEUE: 4, KEYED: 5 });
+
+/**
+ * ENTRY's `op` (§5b): SET (the whole value), PATCH (an RFC 7386 merge patch of the value held),
+ * DELETE, RESET (drop the table: a full state follows) and SYNCED (the table is whole as of seq).
+ */
+export const EntryOp = Object.freeze({ SET: 1, PATCH: 2, DELETE: 3, RESET: 4, SYNCED: 5 });
 
 /** Payload codecs announced in SUBSCRIBED (§2). */
 export const Codec = Object.freeze({ JSON: 0, BYTES: 1, TEXT: 2 });
@@ -64,8 +72,9 @@ export const ErrorCode = Object.freeze({
 const SERVER_KINDS = new Set([
   Kind.WELCOME, Kind.PUSH, Kind.RESULT, Kind.STREAM, Kind.SUBSCRIBED, Kind.REJECTED,
   Kind.UNSUBSCRIBED, Kind.GAP, Kind.PONG, Kind.GOODBYE, Kind.FLOW, Kind.ITEM, Kind.REVOKE,
+  Kind.ENTRY,
 ]);
-const SERVER_COMPRESSIBLE = new Set([Kind.PUSH, Kind.RESULT, Kind.STREAM, Kind.ITEM]);
+const SERVER_COMPRESSIBLE = new Set([Kind.PUSH, Kind.RESULT, Kind.STREAM, Kind.ITEM, Kind.ENTRY]);
 const CLIENT_KINDS = new Set([
   Kind.HELLO, Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.CALL, Kind.ACK, Kind.NACK, Kind.NAK,
   Kind.PING, Kind.PUBLISH,
@@ -276,6 +285,12 @@ export function parseServerMessage(kind, compressed, body) {
       return { kind, compressed, topic: r.uv(), tag: r.uv(), attempt: r.uv(), payload: r.rest() };
     case Kind.REVOKE:
       return { kind, compressed, topic: r.uv(), tags: readTags(r) };
+    case Kind.ENTRY:
+      // An op this client does not know is parsed all the same; tables.js skips it (§2's rule
+      // for unknown kinds, one level down).
+      return {
+        kind, compressed, topic: r.uv(), seq: r.uv(), op: r.u8(), key: r.str(), payload: r.rest(),
+      };
     default:
       throw new ProtocolError(`not a server message kind: 0x${kind.toString(16)}`);
   }

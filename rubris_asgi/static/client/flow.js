@@ -98,6 +98,7 @@ export const flowMethods = {
       return null;
     }
     if (item.t === "reply") return this._deliverReply(item.rec, item.m, payload, failure);
+    if (item.t === "entry") return this._deliverEntry(item, payload, failure);
     return this._deliverPush(item, payload, failure);
   },
 

@@ -10,6 +10,7 @@ import { outboundMethods } from "./outbound.js";
 import { queueMethods } from "./queues.js";
 import { DEFAULT_MAX_FRAME, sessionMethods } from "./session.js";
 import { subscriptionMethods } from "./subscriptions.js";
+import { tableMethods } from "./tables.js";
 import { RateMeter, resolveUrls, safeCall } from "./util.js";
 
 const DEFAULTS = Object.freeze({
@@ -115,7 +116,7 @@ export class RubrisClient {
     this._wires = new Map(); // key → WireSubscription the app holds
     this._byTopic = new Map(); // topic number → WireSubscription (active)
     this._byReq = new Map(); // SUBSCRIBE req → WireSubscription
-    this._restating = new Map(); // req → WireSubscription: rings restated by the last resuming HELLO
+    this._restating = new Map(); // req → WireSubscription: rings and tables restated by the last resuming HELLO
     this._unsubPending = new Set(); // topics we UNSUBSCRIBEd; their UNSUBSCRIBED(code 0) is expected
     this._calls = new Map(); // call id → call record
 
@@ -228,8 +229,8 @@ function installMethods(cls, ...groups) {
 }
 
 installMethods(
-  RubrisClient, sessionMethods, queueMethods, batchMethods, subscriptionMethods, callMethods, flowMethods,
-  outboundMethods,
+  RubrisClient, sessionMethods, queueMethods, batchMethods, tableMethods, subscriptionMethods, callMethods,
+  flowMethods, outboundMethods,
 );
 
 /**

@@ -49,14 +49,15 @@ export const sessionMethods = {
   },
 
   /**
-   * HELLO, and when it resumes, a SUBSCRIBE per ring topic held, in the same frame (§5 "Resume
-   * is exact"): a resumed session's rings go on from what this client holds (its epoch and last
-   * seq), not from what the server wrote to the lost connection. The server answers each with
-   * SUBSCRIBED (`recovered`) and replays, a GAP first for what its ring lost, before anything
-   * newer. In HELLO's frame because the server holds the rings back only until that frame is
-   * handled. If the server starts a new session instead, these are its re-subscriptions
-   * (_newSession keeps them). Snapshot, private and queue topics are not restated: the server
-   * keeps their state itself.
+   * HELLO, and when it resumes, a SUBSCRIBE per ring and keyed topic held, in the same frame (§5
+   * "Resume is exact", §5b): a resumed session's rings and tables go on from what this client
+   * holds (its epoch and last seq), not from what the server wrote to the lost connection. The
+   * server answers each with SUBSCRIBED (`recovered`) and replays, a ring a GAP first for what it
+   * lost, a table the keys changed since (or RESET and the whole of it), before anything newer.
+   * In HELLO's frame because the server holds them back only until that frame is handled. If
+   * the server starts a new session instead, these are its re-subscriptions (_newSession keeps
+   * them). Snapshot, private and queue topics are not restated: the server keeps their state
+   * itself.
    */
   _helloFrame() {
     for (const [req, wire] of this._restating) {
@@ -69,7 +70,8 @@ export const sessionMethods = {
     if (this._resume === "") return hello;
     const parts = [hello];
     for (const wire of this._wires.values()) {
-      if (wire.state !== "active" || wire.mode !== Mode.RING || wire.epoch === null) continue;
+      if (wire.state !== "active" || wire.epoch === null) continue;
+      if (wire.mode !== Mode.RING && wire.mode !== Mode.KEYED) continue;
       const req = this._nextReq++;
       wire.reqs.add(req);
       this._byReq.set(req, wire);
@@ -323,8 +325,8 @@ export const sessionMethods = {
       wire.topic = null;
       wire.reqs.clear();
       wire.asked.clear();
-      // A new session has new private and queue state; ring and snapshot numbering belongs to
-      // the topic and survives (that is what epoch + since recover).
+      // A new session has new private and queue state; ring, keyed and snapshot numbering
+      // belongs to the topic and survives (that is what epoch + since recover).
       if (wire.mode === Mode.PRIVATE || wire.mode === Mode.QUEUE) wire.resetNumbering();
     }
     // The rings restated in HELLO's frame reached the new session as SUBSCRIBEs with epoch and
@@ -451,6 +453,9 @@ export const sessionMethods = {
         break;
       case Kind.REVOKE:
         this._onRevoke(m);
+        break;
+      case Kind.ENTRY:
+        this._onEntry(m);
         break;
       case Kind.RESULT:
       case Kind.STREAM:

@@ -1,8 +1,8 @@
 // Subscriptions: subscribe() and unsubscribe, the WireSubscription several app Subscriptions
-// share (a queue consumer's too), the server's answers (SUBSCRIBED, REJECTED, UNSUBSCRIBED, GAP),
-// PUSH from arrival to the listeners (snapshot conflation), and the ACKs of private topics (a
-// queue topic's items and ACKs are queues.js's). Methods of RubrisClient (installed by
-// rubris-client.js).
+// share (a queue consumer's and a table's too), the server's answers (SUBSCRIBED, REJECTED,
+// UNSUBSCRIBED, GAP), PUSH from arrival to the listeners (snapshot conflation), and the ACKs of
+// private topics (a queue topic's items and ACKs are queues.js's, a keyed topic's ENTRYs
+// tables.js's). Methods of RubrisClient (installed by rubris-client.js).
 
 import { ErrorCode, Mode, encode, joinFrames } from "./codec.js";
 import { decodePayload, deflateRaw, encodeJson } from "./payloads.js";
@@ -34,11 +34,12 @@ class WireSubscription {
     this.codec = 0;
     this.epoch = null;
     this.info = null;
-    this.lastSeq = 0; // highest seq received (duplicate filter; `since` for ring recovery)
+    this.lastSeq = 0; // highest seq received (duplicate filter; `since` for ring, keyed recovery)
     this.delivered = 0; // highest private seq the app has seen (what ACK reports)
     this.acked = 0;
     this.unacked = 0;
     this.consumer = null; // queue topics: the Consumer (consumer.js) its items go to
+    this.table = null; // keyed topics: the LiveTable (tables.js) its ENTRYs build
     this.incarnation = 0; // bumps when seq numbering restarts, so stale items cannot ACK
     this.queued = null; // the snapshot item waiting in the inbound queue (conflation target)
     this.last = null; // {value, meta}: the latest snapshot value, for listeners that join later
@@ -92,7 +93,9 @@ export const subscriptionMethods = {
    *   Called for every message, in order. The value is decoded by the topic's codec: JSON →
    *   parsed value, bytes → Uint8Array, text → string. A queue topic (better: consume()) gives
    *   items one at a time with meta `{name, tag, attempt, compressed}`; each is ACKed when the
-   *   callbacks return (or their promises resolve) and given back (NACK) when one throws.
+   *   callbacks return (or their promises resolve) and given back (NACK) when one throws. A
+   *   keyed topic (better: subscribeTable()) gives each change of its table, `{key, op, value,
+   *   seq}` as subscribeTable()'s onChange gets it, with meta `{name, seq, compressed}`.
    * @param {object} [opts]
    * @param {any} [opts.params] JSON params for the server's subscribe handler.
    * @param {number} [opts.last] Late joiner (§5): on a ring topic, first the last `last`
@@ -106,6 +109,10 @@ export const subscriptionMethods = {
    *   the client keeps, per ring topic, as many as the largest `last` any of its subscribe()
    *   calls asked for, counted from when that call was made. A snapshot topic ignores it (its
    *   value comes anyway).
+   * @param {number} [opts.maxRate] On a snapshot (or keyed) topic: at most this many messages a
+   *   second after the first value, each the latest (§5b; sent as `{"max_rate": r}` merged into
+   *   `params`, which must then be a plain object, on every SUBSCRIBE). A ring, private or queue
+   *   topic refuses it (code 1).
    * @param {(gap: {from: number, count: number}) => void} [opts.onGap] Messages lost for good.
    * @param {(info: {name: string, mode: number, codec: number, epoch: number, head: number, recovered: boolean}) => void} [opts.onSubscribed]
    *   Called at every SUBSCRIBED: the first, the re-subscribe after a new session, and the
@@ -121,12 +128,39 @@ export const subscriptionMethods = {
       if (!Number.isSafeInteger(opts.last) || opts.last < 1) {
         throw new TypeError(`last must be an integer of at least 1, got ${String(opts.last)}`);
       }
-      const p = opts.params;
-      if (p !== undefined && (p === null || typeof p !== "object" || Array.isArray(p))) {
-        throw new TypeError("last needs params that are a plain object (merged with {last: n})");
-      }
+      checkObjectParams(opts.params, "last", "{last: n}");
     }
-    const sub = new Subscription(this, name, callback, opts);
+    const params = this._rateParams(opts.params, opts.maxRate);
+    return this._listen(new Subscription(this, name, callback, opts), params);
+  },
+
+  // ----- subscribing and letting go ----------------------------------------------------------
+
+  /**
+   * `params` with `{max_rate: r}` merged in (§5b: snapshot and keyed topics), or as they are
+   * without a rate. Checked here: the server would refuse a bad one with code 1, far from the
+   * call that made it.
+   */
+  _rateParams(params, maxRate) {
+    if (maxRate === undefined || maxRate === null) return params;
+    if (typeof maxRate !== "number" || !Number.isFinite(maxRate) || !(maxRate > 0)) {
+      throw new RangeError(`maxRate must be a finite number > 0 (messages a second), got ${String(maxRate)}`);
+    }
+    checkObjectParams(params, "maxRate", "{max_rate: r}");
+    return { ...(params ?? {}), max_rate: maxRate };
+  },
+
+  /** The wire of `name` with JSON `params`, if this client holds one. */
+  _wireFor(name, params) {
+    return this._wires.get(wireKey(name, params));
+  },
+
+  /**
+   * `sub` (a Subscription, or one of its kinds: a table's, presence's) listens to its topic with
+   * JSON `params`: on the wire of that name and params if there is one, else on a new one.
+   */
+  _listen(sub, params) {
+    const name = sub.name;
     if (this.state === "closed") {
       sub._fail(new RubrisError("client is closed", ErrorCode.CLOSED));
       return sub;
@@ -137,9 +171,9 @@ export const subscriptionMethods = {
         return sub;
       }
     }
-    let wire = this._wires.get(wireKey(name, opts.params));
+    let wire = this._wires.get(wireKey(name, params));
     if (!wire) {
-      wire = this._openWire(name, opts.params, sub); // joining before SUBSCRIBE: it carries `last`
+      wire = this._openWire(name, params, sub); // joining before SUBSCRIBE: it carries `last`
     } else if (wire.closing) {
       wire.closing = false; // the app changed its mind before the server answered
     }
@@ -151,8 +185,6 @@ export const subscriptionMethods = {
     }
     return sub;
   },
-
-  // ----- subscribing and letting go ----------------------------------------------------------
 
   /**
    * A new WireSubscription for `name` with JSON `params`, subscribed as soon as it can be;
@@ -167,10 +199,11 @@ export const subscriptionMethods = {
     return wire;
   },
 
-  _unsubscribe(sub) {
+  /** `sub` lets go (`ready` rejects with `err`, "unsubscribed" by default if still pending). */
+  _unsubscribe(sub, err = null) {
     if (sub.closed) return;
     sub.closed = true;
-    sub._fail(new RubrisError("unsubscribed", ErrorCode.UNSUBSCRIBED));
+    sub._fail(err ?? new RubrisError("unsubscribed", ErrorCode.UNSUBSCRIBED));
     const wire = sub._wire;
     if (!wire) return;
     wire.joining.delete(sub);
@@ -221,9 +254,10 @@ export const subscriptionMethods = {
     wire.reqs.add(req);
     this._byReq.set(req, wire);
     wire.state = "pending";
-    // Ring topics ask to replay what they missed (§5), from the position they hold (seq 0 of a
-    // known epoch included: nothing of it received yet); the server checks the epoch.
-    const recover = wire.mode === Mode.RING && wire.epoch !== null;
+    // Ring topics ask to replay what they missed (§5), keyed topics for the keys changed since
+    // (§5b), from the position they hold (seq 0 of a known epoch included: nothing of it
+    // received yet); the server checks the epoch.
+    const recover = (wire.mode === Mode.RING || wire.mode === Mode.KEYED) && wire.epoch !== null;
     let params = wire.wireParams;
     let compressed = wire.wireCompressed;
     // Late joiners (§5): `last` only until the first SUBSCRIBED; the largest any listener asked.
@@ -326,6 +360,10 @@ export const subscriptionMethods = {
    */
   _join(wire, sub, info = wire.info, head = null) {
     if (!wire.joining.delete(sub) || sub.closed) return;
+    if (sub._table && wire.mode !== Mode.KEYED) {
+      this._notATable(wire, sub); // tables.js: subscribeTable() of a topic that is not keyed
+      return;
+    }
     wire.listeners.add(sub);
     sub.info = info;
     sub._resolve(info);
@@ -333,6 +371,10 @@ export const subscriptionMethods = {
     if (wire.mode === Mode.SNAPSHOT && wire.last) {
       // A later listener of a shared snapshot gets the current value, as a new subscriber would.
       safeCall(sub._callback, wire.last.value, wire.last.meta);
+    }
+    if (wire.mode === Mode.KEYED) {
+      this._joinTable(wire, sub); // tables.js: the table held so far
+      return;
     }
     if (wire.mode !== Mode.RING) return;
     if (head !== null) {
@@ -545,4 +587,11 @@ export const subscriptionMethods = {
 /** Subscriptions to the same name with the same params share a wire. */
 function wireKey(name, params) {
   return `${name}\u0000${params === undefined ? "" : JSON.stringify(params)}`;
+}
+
+/** `params` that an option is merged into must be a plain object (or absent). */
+function checkObjectParams(params, option, shape) {
+  if (params !== undefined && (params === null || typeof params !== "object" || Array.isArray(params))) {
+    throw new TypeError(`${option} needs params that are a plain object (merged with ${shape})`);
+  }
 }

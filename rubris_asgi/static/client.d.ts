@@ -464,8 +464,10 @@ export interface SubscribeOptions {
  * "synced": the table is whole as of `seq`.
  */
 export type TableChange<V = unknown> =
-  | { key: string; op: "set" | "patch" | "delete"; value: V; seq: number }
-  | { key: ""; op: "reset" | "synced"; value: null; seq: number };
+  | { key: string; op: "set" | "patch" | "delete"; value: V; seq: number; bytes: number }
+  | { key: ""; op: "reset" | "synced"; value: null; seq: number; bytes: number };
+// `bytes`: the ENTRY message's size on the wire as it came (deflated when it was): what the
+// change cost, to show what a table's deltas save
 
 /** Options of {@link RubrisClient.subscribeTable}. */
 export interface TableOptions<V = unknown> {

@@ -290,10 +290,21 @@ export function parseServerMessage(kind, compressed, body) {
       // for unknown kinds, one level down).
       return {
         kind, compressed, topic: r.uv(), seq: r.uv(), op: r.u8(), key: r.str(), payload: r.rest(),
+        bytes: 1 + uvLength(body.length) + body.length, // the message's bytes on the wire
       };
     default:
       throw new ProtocolError(`not a server message kind: 0x${kind.toString(16)}`);
   }
+}
+
+/** How many bytes the uv of `n` takes (§1: 7 bits a byte). */
+function uvLength(n) {
+  let bytes = 1;
+  while (n >= 0x80) {
+    n = Math.floor(n / 0x80);
+    bytes++;
+  }
+  return bytes;
 }
 
 /** REVOKE's `n:uv tag:uv×n`; a count the body cannot hold is a truncated message. */

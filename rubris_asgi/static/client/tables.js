@@ -356,9 +356,9 @@ export const tableMethods = {
     if (!table) return;
     const seq = table.seq;
     for (const [key, value] of [...table.entries]) {
-      this._tell(wire, sub, { key, op: "set", value, seq }, JOINED);
+      this._tell(wire, sub, { key, op: "set", value, seq, bytes: 0 }, JOINED); // held: no wire
     }
-    if (table.synced) this._tell(wire, sub, { key: "", op: "synced", value: null, seq }, JOINED);
+    if (table.synced) this._tell(wire, sub, { key: "", op: "synced", value: null, seq, bytes: 0 }, JOINED);
   },
 
   /** subscribeTable() or presence() of a topic that is not keyed: it fails (code 3). */
@@ -396,6 +396,7 @@ export const tableMethods = {
     }
     this._enqueue({
       t: "entry", wire, seq: m.seq, op: m.op, key: m.key, payload: m.payload, compressed: m.compressed,
+      bytes: m.bytes,
       inflating: m.compressed ? this._inflate(m.payload) : null,
     });
   },
@@ -449,7 +450,7 @@ export const tableMethods = {
         table.seq = seq;
         break;
     }
-    const change = { key, op: OPS[item.op], value, seq };
+    const change = { key, op: OPS[item.op], value, seq, bytes: item.bytes };
     const ctx = { had, old, before, compressed: item.compressed };
     const listeners = wire.listeners.size === 1 ? wire.listeners : [...wire.listeners];
     for (const sub of listeners) {

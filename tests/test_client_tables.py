@@ -35,7 +35,9 @@ from .apps import make_rubris, starlette_app
 from .server import run_server
 from .test_resume_clients import LosingPolls
 
-TRANSPORTS = ["websocket", "longpoll"]
+TRANSPORTS = ["websocket", pytest.param("longpoll", marks=pytest.mark.slow)]
+"""Both transports in the full suite; the inner loop (``-m "core and not slow"``) keeps the
+WebSocket's (long-poll's own tests cover its transport; these cover tables over it)."""
 WAIT = 10.0
 ROW = {"price": 101.25, "size": 300, "orders": 4, "venue": "XNAS", "side": "bid"}
 

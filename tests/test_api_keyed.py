@@ -15,7 +15,6 @@ import orjson
 import pytest
 
 from rubris_asgi import Codec, Config, Limits, Rubris, Session, Timing
-from rubris_asgi.cluster import LocalBroker
 
 from .enginekit import FakeClock
 
@@ -329,26 +328,6 @@ async def test_the_hook_is_asked_in_entry_order() -> None:
             assert r.status_code == 403 and r.json()["index"] == 2
             assert asked == ["$api", "book.A", "prices.A", "book.B"]
             assert "book.A" not in rubris.engine.topics  # nothing made before the hook said no
-
-
-class Distributed(LocalBroker):
-    """A broker of several servers, as far as the API can tell: keyed topics are not carried."""
-
-    distributed = True
-
-
-async def test_a_distributed_broker_refuses_keyed_topics(
-    api: tuple[Rubris, httpx.AsyncClient],
-) -> None:
-    rubris, http = api
-    rubris.api.broker = Distributed()
-    entries = [{"topic": "prices.A", "data": 1}, {"topic": "table", "key": "a", "data": 1}]
-    answer = await publish(http, entries, 501)
-    assert answer["index"] == 1 and "not shared through the broker" in answer["error"]
-    assert rubris.entries("table") == {}
-    assert rubris.engine.intake.count + seq_of(rubris, "prices.A") == 0
-    r = await http.get("/api/topics/table", headers=AUTH)
-    assert r.status_code == 501 and r.json()["index"] is None
 
 
 # reading

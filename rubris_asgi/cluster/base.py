@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..engine.membership import EngineEvents, Membership
+from ..engine.keyed.topic import KeyedTopic
+from ..engine.membership import Change, EngineEvents, Membership
 from ..engine.topics import SharedTopic
 from .nodes import (
     SESSION_MARK,
@@ -90,6 +91,16 @@ class BrokerStats:
     """Times this node found the others had taken it for dead (paused or cut off past
     ``node_timeout``): the queue items it held were theirs to give back, and its consumers'
     deliveries were revoked."""
+    changes_pending: int = 0
+    """Changes of keyed topics waiting to be numbered now (the table outbox)."""
+    changes_refused: int = 0
+    """Changes of keyed topics the broker did not make with nobody waiting for its answer
+    (past ``max_keys``; a patch merged again too often): each logged."""
+    tables_reset: int = 0
+    """Keyed topics read again whole because the broker forgot deletes this node had not
+    heard (their subscribers got RESET and the whole table)."""
+    members_pending: int = 0
+    """Presence counts of this node waiting to be written to the broker now."""
 
 
 class Broker:
@@ -141,6 +152,14 @@ class Broker:
     async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
         """Publish an encoded payload and wait until it is numbered; its seq. Raises
         ``BrokerUnavailable`` when it cannot be taken."""
+        raise NotImplementedError
+
+    async def numbered_change(self, topic: KeyedTopic, change: Change) -> int:
+        """Take a change of a keyed topic (prepared by the engine: ``Engine.set_change`` and
+        the others) and wait until it is decided and numbered; its seq (a set of the value
+        held: the key's; a delete of a key not held: 0; a replace: the head after it). Raises
+        ``TableFull`` past ``max_keys`` (nothing changed), ``BrokerUnavailable`` when it
+        cannot be taken. Alone, the engine changes its tables itself."""
         raise NotImplementedError
 
     def sweep(self, now: float) -> None:

@@ -38,7 +38,7 @@ from .keyed.operations import TableOperations
 from .keyed.presence import COUNT, PRESENCE, LocalBook, Members, member_of
 from .keyed.topic import KEYED, KeyedTopic
 from .lifetimes import Lifetimes
-from .membership import Membership, Relay, Relayed
+from .membership import Membership, Relay, Relayed, TableRelay
 from .queues import QueueHome, QueueSub, QueueTopic
 from .queues.operations import ITEM_HEADER, QueueOperations
 from .scheduler import Scheduler
@@ -131,6 +131,9 @@ class Engine(QueueOperations, TableOperations):
         numbered, and comes back through :meth:`apply`."""
         self.queue_home: QueueHome | None = None
         """A distributed broker's (from :meth:`join`): where queue topics keep their items."""
+        self.table_relay: TableRelay | None = None
+        """A distributed broker's (from :meth:`join`): every change of a keyed topic goes
+        there to be decided and numbered, and comes back through :meth:`apply_entries`."""
 
     # other nodes (membership.py)
 
@@ -138,6 +141,7 @@ class Engine(QueueOperations, TableOperations):
         """Share topics with other nodes through a started broker (its relay numbers every
         shared publish; its queue home keeps the queues' items, those made already too)."""
         self.relay = m.relay
+        self.table_relay = m.tables
         self.session_prefix = m.session_prefix
         if m.presence is not None:
             self.members.book = m.presence
@@ -153,6 +157,7 @@ class Engine(QueueOperations, TableOperations):
     def leave(self) -> None:
         """Alone again (the broker stopped): publishes numbered here, queue items kept here."""
         self.relay = None
+        self.table_relay = None
         self.members.book = self._book
         self.intake.unblock()  # what waited for the relay's room is published here now
         home, self.queue_home = self.queue_home, None

@@ -29,6 +29,11 @@ subscribers get UNSUBSCRIBED 11 and subscribe again, recovered=0.
 **Work queues.** Queue topics keep their waiting items in the same Redis, for the consumers
 of every node: queues.py.
 
+**Keyed topics and presence.** A keyed topic's table is kept in the same Redis and changed
+through an outbox of its own (tables.py; its channel and its follow are the ones above, heard
+by tables.py); the members of watched topics are every node's sessions added up there
+(presence.py).
+
 Bounds: the outbox (outbox.py) holds at most ``outbox_messages`` publishes and ``outbox_bytes``
 of payload (a publish beyond is refused); what the intake took from outside publishers fills
 it only up to the part not kept for the application (``app_share``) and otherwise waits in the
@@ -41,7 +46,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,13 +55,15 @@ from redis.backoff import NoBackoff
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...engine.intake import Backlogged
-from ...engine.membership import EngineEvents, Membership, Relayed
+from ...engine.keyed.topic import KEYED, KeyedTopic
+from ...engine.membership import Change, EngineEvents, Membership, Relayed
 from ...engine.topics import RING, SharedTopic, new_epoch
 from ...errors import BrokerUnavailable
 from ...protocol import push_message
 from ..base import Broker, BrokerStats
 from ..nodes import SESSION_MARK
 from . import broker_lua
+from .follow import JOINING, LIVE, Follow
 from .nodes import DOWN, RETRIED, RedisNodeLink
 from .outbox import Entry, Outbox
 from .persistence import Persistence, read_persistence, require_durable
@@ -70,9 +76,11 @@ from .pool import (
     redacted,
     startup_error,
 )
+from .presence import RedisPresence
 from .queues import RedisQueues
 from .reach import RETRY, Reach, end_if_cancelled
 from .replicas import Replicas
+from .tables import RedisTables
 
 log = logging.getLogger("rubris_asgi.broker")
 
@@ -81,23 +89,8 @@ IDLE_FOLLOW = 30.0
 REFRESH = 60.0
 """Seconds between refreshes of the followed topics' expiry in Redis."""
 
-_JOINING, _LIVE = 0, 1
 _CONDITION: dict[int, int] = {Relayed.FIRST: 1, Relayed.IF_FOLLOWED: 2}
 """The publish script's condition for each kind of relayed publish (broker_lua.PUBLISH)."""
-
-
-class _Follow:
-    """A followed topic: its state of hearing, and what arrived while it caught up."""
-
-    __slots__ = ("topic", "state", "held", "ready", "idle_since")
-
-    def __init__(self, topic: SharedTopic) -> None:
-        self.topic = topic
-        self.state = _JOINING
-        self.held: deque[tuple[int, int, bytes, bool]] = deque(maxlen=topic.cap + 1)
-        """Messages heard while catching up: (epoch, seq, payload, compressed)."""
-        self.ready: asyncio.Future[None] | None = None
-        self.idle_since = 0.0
 
 
 class RedisBroker(Broker):
@@ -180,7 +173,7 @@ class RedisBroker(Broker):
         self._events: EngineEvents | None = None
         self._redis: aioredis.Redis | None = None
         self._pubsub: Any = None
-        self._following: dict[str, _Follow] = {}
+        self._following: dict[str, Follow] = {}
         self._confirm: dict[bytes, asyncio.Future[None]] = {}
         self.outbox = Outbox(outbox_messages, outbox_bytes, self.counters, app_share)
         """The publishes on their way to Redis (outbox.py)."""
@@ -194,6 +187,10 @@ class RedisBroker(Broker):
         """Channels heard besides the topics' and the node's: the queues' lengths."""
         self.queues = RedisQueues(self, node_timeout)
         """Work-queue topics kept in Redis (queues.py)."""
+        self.tables = RedisTables(self, self._following, outbox_messages, outbox_bytes, app_share)
+        """Keyed topics kept in Redis (tables.py)."""
+        self.presence = RedisPresence(self, node_timeout)
+        """The members of watched topics, added up across nodes (presence.py)."""
 
     # life
 
@@ -222,7 +219,9 @@ class RedisBroker(Broker):
             self._history_script = self._redis.register_script(broker_lua.HISTORY)
             self._renumber_script = self._redis.register_script(broker_lua.RENUMBER)
             self._pubsub = await self._open_pubsub()
-            await self.queues.start(engine)
+            await self.queues.start(engine)  # first: its heartbeat makes this node known
+            await self.tables.start(engine)
+            await self.presence.start(engine)
         except BaseException as exc:
             await self._close_pubsub()
             await self._redis.aclose()
@@ -241,14 +240,22 @@ class RedisBroker(Broker):
             ),
             asyncio.create_task(self._read_loop(), name="rubris-broker-reader"),
         ]
-        return Membership(self.relay, self.node + SESSION_MARK, self.queues)
+        return Membership(
+            self.relay,
+            self.node + SESSION_MARK,
+            self.queues,
+            presence=self.presence,
+            tables=self.tables.relay,
+        )
 
     async def stop(self, flush: float = 5.0) -> None:
         """Send what waits, for at most ``flush`` seconds, then disconnect (the engine leaves
         after: publishes meanwhile still go out, if the flush has time)."""
         if self._redis is not None:
+            await self.presence.stop(flush)
             await self.queues.stop(flush)
         await self.outbox.flush(flush)
+        await self.tables.stop(flush)
         for task in (*self._tasks, *self._side):
             task.cancel()
         for task in (*self._tasks, *self._side):
@@ -327,6 +334,9 @@ class RedisBroker(Broker):
         self.outbox.put(Entry(topic, payload, compressed, 0, done))
         return await done
 
+    async def numbered_change(self, topic: KeyedTopic, change: Change) -> int:
+        return await self.tables.numbered(topic, change)
+
     async def _send(self, batch: Sequence[Entry], batch_id: str) -> list[int]:
         """One script call numbering ``batch``, retried under the same id until Redis answers."""
         args: list[Any] = [self.prefix, self.ttl_ms, str(new_epoch()), batch_id]
@@ -348,7 +358,7 @@ class RedisBroker(Broker):
         if f is None:
             if self._reader_down:
                 raise BrokerUnavailable("Redis is unreachable: cannot read this topic now")
-            f = self._following[topic.name] = _Follow(topic)
+            f = self._following[topic.name] = Follow(topic)
             f.ready = asyncio.get_running_loop().create_future()
             try:
                 await self._subscribe([topic.name])
@@ -387,14 +397,18 @@ class RedisBroker(Broker):
                 f"Redis did not confirm SUBSCRIBE within {self.connect_timeout:g} s"
             ) from None
 
-    async def _catch_up(self, follows: Sequence[_Follow]) -> None:
+    async def _catch_up(self, follows: Sequence[Follow]) -> None:
         """Read what each topic missed from Redis's history, then what arrived meanwhile, and
         make it live. Raises what Redis raises (the caller decides)."""
+        keyed = [f for f in follows if f.topic.mode == KEYED]
+        if keyed:  # read by pages, a topic at a time (tables.py)
+            await self.tables.catch_up(keyed)
+            follows = [f for f in follows if f.topic.mode != KEYED]
         while follows:
             args: list[Any] = [self.prefix, self.ttl_ms, str(new_epoch())]
             for f in follows:
                 t = f.topic
-                f.state = _JOINING
+                f.state = JOINING
                 args += [t.name, int(t.mode), str(t.epoch), t.seq]
             answers = await self._history_script(args=args)
             again = []
@@ -403,7 +417,7 @@ class RedisBroker(Broker):
                     again.append(f)
             follows = again
 
-    def _settle(self, f: _Follow, answer: list[Any]) -> bool:
+    def _settle(self, f: Follow, answer: list[Any]) -> bool:
         """Store what the history answered, then what was held; False if a hole remains."""
         engine = self._events
         assert engine is not None
@@ -431,7 +445,7 @@ class RedisBroker(Broker):
                 held.appendleft((epoch, seq, payload, compressed))
                 return False
             self._store(t, seq, payload, compressed)
-        f.state = _LIVE
+        f.state = LIVE
         return True
 
     def _restart(self, t: SharedTopic, epoch: int) -> None:
@@ -447,16 +461,19 @@ class RedisBroker(Broker):
         f = self._following.get(channel[len(self._channel) :].decode())
         if f is None:
             return  # unfollowed meanwhile
+        if f.topic.mode == KEYED:
+            self.tables.heard(f, data)
+            return
         epoch_b, seq_b, flag, payload = data.split(b":", 3)
         epoch, seq, compressed = int(epoch_b), int(seq_b), flag == b"1"
-        if f.state != _LIVE:
+        if f.state != LIVE:
             f.held.append((epoch, seq, payload, compressed))
             return
         t = f.topic
         if epoch == t.epoch:
             if seq <= t.seq:  # read from the history already, unless Redis lost and renumbered
                 if self._renumbered(t, seq, payload, compressed):
-                    f.state = _JOINING  # what comes meanwhile waits for the new epoch
+                    f.state = JOINING  # what comes meanwhile waits for the new epoch
                     f.held.append((epoch, seq, payload, compressed))
                     self.background(self._renumber(f))
                 return
@@ -469,8 +486,8 @@ class RedisBroker(Broker):
             return
         # a hole: read it from the history, holding what arrives meanwhile
         f.held.append((epoch, seq, payload, compressed))
-        f.state = _JOINING
-        self.background(self._repair(f))
+        f.state = JOINING
+        self.background(self.repair(f))
 
     @staticmethod
     def _renumbered(t: SharedTopic, seq: int, payload: bytes, compressed: bool) -> bool:
@@ -489,7 +506,7 @@ class RedisBroker(Broker):
             return False
         return held != push_message(t.number, seq, payload, compressed)
 
-    async def _renumber(self, f: _Follow) -> None:
+    async def _renumber(self, f: Follow) -> None:
         """``t`` was renumbered under its epoch (``_renumbered``): it starts again under a new
         one, in Redis (unless another node did it first) and here, so its subscribers are told
         (UNSUBSCRIBED 11, then ``recovered``=0) instead of missing what Redis lost and what it
@@ -527,10 +544,11 @@ class RedisBroker(Broker):
         self._side.add(task)
         task.add_done_callback(self._side.discard)
 
-    async def _repair(self, f: _Follow) -> None:
+    async def repair(self, f: Follow) -> None:
+        """Catch ``f`` up until it succeeds (a hole heard, or a renumbering)."""
         await self._catch_up_patiently([f])
 
-    async def _catch_up_patiently(self, follows: Sequence[_Follow]) -> None:
+    async def _catch_up_patiently(self, follows: Sequence[Follow]) -> None:
         """``_catch_up`` until it succeeds, for the follows still current: one left joining
         holds what it hears for good. Redis failing the read while the subscriber connection
         lives on (a stall past the socket timeout: the reader sees no error, so no
@@ -606,7 +624,7 @@ class RedisBroker(Broker):
                     self._reader_down = True
                     self.reach.lost("reader", exc)
                 for f in self._following.values():
-                    f.state = _JOINING  # what comes after the reconnection waits for history
+                    f.state = JOINING  # what comes after the reconnection waits for history
                 await self._close_pubsub()
                 await self.reach.pause(delay)
                 delay = min(2 * delay, RETRY[1])
@@ -636,7 +654,7 @@ class RedisBroker(Broker):
     def sweep(self, now: float) -> None:
         gone = []
         for name, f in self._following.items():
-            if f.topic.subs or f.state != _LIVE:
+            if f.topic.subs or f.state != LIVE:
                 f.idle_since = 0.0
             elif not f.idle_since:
                 f.idle_since = now
@@ -653,7 +671,7 @@ class RedisBroker(Broker):
             # its expiry in Redis and repairs anything missed that nothing else revealed (a
             # snapshot's last message lost with a connection)
             self._refreshed = now
-            live = [f for f in self._following.values() if f.state == _LIVE]
+            live = [f for f in self._following.values() if f.state == LIVE]
             self.background(self._quietly(self._catch_up_patiently(live)))
 
     async def _unfollow(self, names: list[str]) -> None:
@@ -678,6 +696,8 @@ class RedisBroker(Broker):
         c = self.counters
         c.up = self.reach.up and not self._reader_down
         c.pending = len(self.outbox)
+        c.changes_pending = len(self.tables.outbox)
+        c.members_pending = self.presence.pending
         c.following = len(self._following)
         c.items_pending = self.queues.pending
         c.items_taken = self.queues.taken

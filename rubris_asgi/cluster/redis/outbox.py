@@ -36,7 +36,7 @@ BATCH = 256
 class Entry:
     """One publish in the outbox."""
 
-    __slots__ = ("topic", "payload", "compressed", "cond", "done")
+    __slots__ = ("topic", "payload", "compressed", "cond", "done", "nbytes")
 
     def __init__(
         self,
@@ -52,6 +52,8 @@ class Entry:
         self.cond = cond
         """The script's condition: 0 none, 1 a first value, 2 only if Redis knows the topic."""
         self.done = done
+        self.nbytes = len(payload)
+        """What it counts against the outbox's bytes (a keyed change: all it holds)."""
 
 
 Send = Callable[[Sequence[Entry], str], Awaitable[list[int]]]
@@ -111,7 +113,7 @@ class Outbox:
     def put(self, entry: Entry) -> None:
         entries = self.entries
         entries.append(entry)
-        self.size += len(entry.payload)
+        self.size += entry.nbytes
         counters = self.counters
         counters.relayed += 1
         if len(entries) > counters.pending_peak:
@@ -123,6 +125,7 @@ class Outbox:
         when a batch sent made room for an intake that waits."""
         outbox = self.entries
         while True:
+            end_if_cancelled()  # a cancel redis-py swallowed in the last batch: stop now
             if not outbox:
                 self._wake.clear()
                 await self._wake.wait()
@@ -139,7 +142,7 @@ class Outbox:
             for _ in batch:
                 outbox.popleft()
             for entry, seq in zip(batch, seqs, strict=True):
-                self.size -= len(entry.payload)
+                self.size -= entry.nbytes
                 if seq:
                     self.counters.numbered += 1
                 if entry.done is not None and not entry.done.done():

@@ -133,10 +133,14 @@ class KeyedTopic(SharedTopic):
         compressed: bool,
         patch: tuple[bytes, bool] | None,
         stamp: float,
+        seq: int = 0,
     ) -> int:
         """Store the key's next state: ``value`` (None: delete), its SET payload ``data`` and,
-        where the caller made one, its PATCH payload; returns the change's seq."""
-        seq = self.seq + 1
+        where the caller made one, its PATCH payload (from the key's change held now); returns
+        the change's seq: ``seq`` when given (numbered by a broker, after every seq the log
+        holds), else the head's next."""
+        if not seq:
+            seq = self.seq + 1
         self.seq = seq
         entries = self.entries
         old = entries.pop(key, None)
@@ -194,6 +198,33 @@ class KeyedTopic(SharedTopic):
                     self.forgotten = seq
                     self.memo = None  # built for a cursor that may be behind it now
         return n
+
+    def advance(self, head: int) -> None:
+        """Take ``head`` (numbered by a broker) for the head: a change this node will never
+        hold (a delete forgotten before it read it) still moves every subscriber past it."""
+        if head > self.seq:
+            self.seq = head
+            self._touched()
+
+    def restart(self, forgotten: int) -> None:
+        """Drop every entry to read the table again whole, under the same numbering: the
+        deletes up to ``forgotten`` are no longer known where it is read from. Subscribers
+        keep their places: each is behind ``forgotten`` and gets RESET and the whole table
+        (the frame builder's rule for a forgotten delete); the head stays until the table's
+        changes are stored again."""
+        self.entries = {}
+        self.log_seq = []
+        self.log_key = []
+        self.live = 0
+        self.tombstones.clear()
+        self.memo = None
+        self.forgotten = max(self.forgotten, forgotten)
+        self._touched()
+
+    def _touched(self) -> None:
+        if not self.dirty and self.subs:
+            self.dirty = True
+            self._on_dirty(self)
 
     def value_of(self, key: str) -> bytes | None:
         e = self.entries.get(key)

@@ -46,7 +46,7 @@ from ...engine.engine import Engine
 from ...engine.keyed.topic import KeyedTopic
 from ...engine.queues import QueueTopic
 from ...engine.topics import trimmed
-from ...errors import BatchError, MessageTooLarge, ProtocolError
+from ...errors import BatchError, BrokerUnavailable, MessageTooLarge, ProtocolError, TableFull
 from ...protocol import Codec, Mode
 from ...protocol.naming import quoted
 from .guard import _JSON, Guard, OriginAllowed, Refusal, json_body, same_origin
@@ -139,8 +139,6 @@ class HttpApi(Guard):
                     )
                 else:
                     staged.append(self._staged(index, entry, name, ch, False))
-            if changes:
-                self.check_keyed(changes[0].index)
             # the hook is asked in entry order, whatever the kind of each entry
             names: list[tuple[int, str]] = [(e[0], e[1]) for e in staged]
             names += [(c.index, c.name) for c in changes]
@@ -153,41 +151,58 @@ class HttpApi(Guard):
                 t = engine.topic_of(c.name, found)
                 assert isinstance(t, KeyedTopic)  # a keyed channel makes keyed topics
                 c.topic = t
+                if self.broker.distributed:
+                    # the table as every node changes it, so the plan below sees it
+                    await self.broker.follow(t)
             plan_changes(changes, engine)
         except Refusal as r:
             return self.refusal(r)
-        except ProtocolError as exc:  # too many topics on this server
+        except (ProtocolError, BrokerUnavailable) as exc:  # too many topics; Redis away
             return self.refusal(Refusal(503, str(exc)))
         down = self.broker.unavailable()
         if down is not None:
             return self._broker_away(down)
         if items and not engine.offer(items):
             return self._full(len(items))
-        # after the intake took its part: nothing can refuse the changes now (planned above)
-        await self.apply_changes(changes)
+        # after the intake took its part: alone, nothing can refuse the changes now (planned
+        # above); with several nodes, Redis decides each where every node's changes meet
+        try:
+            await self.apply_changes(changes)
+        except Refusal as r:
+            return self.refusal(r)
         return self._answer({"accepted": len(entries), "duplicates": 0})
-
-    def check_keyed(self, index: int | None) -> None:
-        """501 when keyed topics cannot be used over the API with this broker: a distributed
-        one (Redis) does not carry keyed changes yet, and a change applied on this node alone
-        would leave the others' tables behind, silently. Asked before anything is taken, by
-        publish and by the topics read."""
-        if self.broker.distributed:
-            raise Refusal(
-                501,
-                "keyed topics are not shared through the broker (several servers) yet: "
-                "nothing of this request was taken",
-                index,
-            )
 
     async def apply_changes(self, changes: list[Change]) -> None:
         """Apply a request's keyed changes, checked and planned, in request order: the one
         place where the API changes a live table. Each is O(1) in the engine (the value
         encoded once, its ENTRY messages built once; subscribers get it by the next cycle).
 
-        A distributed broker would number them here instead (``check_keyed`` refuses them
-        until it does); async for that reason, though nothing here waits."""
+        With a distributed broker each is decided and numbered by it, in order, awaited: a
+        set of a new key refused there (other nodes took the last keys since the plan) is a
+        409 naming that entry, the entries before it applied (``Refusal``); Redis away: 503
+        likewise."""
         engine = self.engine
+        if self.broker.distributed:
+            for c in changes:
+                t = c.topic
+                assert t is not None  # found by publish
+                if c.op == "set":
+                    change = engine.set_change(t, c.key, c.payload)
+                elif c.op == "patch":
+                    change = engine.patch_change(t, c.key, c.data)
+                elif c.op == "delete":
+                    change = engine.delete_change(t, c.key)
+                else:
+                    change = engine.replace_change(t, c.table)
+                try:
+                    await self.broker.numbered_change(t, change)
+                except TableFull as exc:
+                    why = f"{exc} (decided where every server's changes meet; the entries "
+                    raise Refusal(409, why + "before this one were applied)", c.index) from None
+                except BrokerUnavailable as exc:
+                    why = f"{exc} (the entries before this one were applied)"
+                    raise Refusal(503, why, c.index) from None
+            return
         for c in changes:
             t = c.topic
             assert t is not None  # found by publish

@@ -25,8 +25,8 @@ the head answers no messages, which is the cheap way to read ``epoch``, ``head``
 
 A keyed topic (a live table) answers its entries instead of messages: the whole table, or the
 changes after ``after``, with ``base`` and ``next`` to page on (keyed.py, ``keyed_answer``).
-Not yet with several servers: a distributed broker does not carry keyed topics, so reading one
-is refused (501, ``HttpApi.check_keyed``) rather than answered from this server's copy alone.
+With several servers it is answered from this server's copy, which follows what Redis holds
+(``Broker.follow``), as the rings and snapshots below are.
 
 With several workers sharing their topics through Redis, any worker answers: it follows the
 topic (reads its epoch, seq and ring from Redis, then hears every publish) while it is read,
@@ -53,7 +53,7 @@ from starlette.routing import BaseRoute, Route
 from ...engine.keyed.topic import KeyedTopic
 from ...engine.topics import RING, SharedTopic
 from ...errors import BrokerUnavailable, ProtocolError
-from ...protocol import COMPRESSED, Codec, Mode
+from ...protocol import COMPRESSED, Codec
 from ...protocol.deflate import inflate
 from ...protocol.naming import quoted
 from ...protocol.wire import read_uv
@@ -108,8 +108,6 @@ class TopicApi:
                 raise Refusal(404, f"no shared channel offers the topic {quoted(name)}")
             if found[0].hidden:  # presence="count": its members are refused to subscribers too
                 raise Refusal(403, f"the members of {quoted(name)} are not shown")
-            if found[0].mode == Mode.KEYED:
-                api.check_keyed(None)
             topic = api.engine.topic_of(name, found[0])
             if api.broker.distributed:
                 await api.broker.follow(topic)  # what Redis holds, kept while read

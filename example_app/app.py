@@ -3,7 +3,12 @@
 Channels:
     prices.{symbol}   snapshot: the latest quote of each of ~50 symbols
     trades            ring of 4096: every trade printed (the Spark pipeline reads it)
-    book.{symbol}     snapshot: a 50-level order book (large JSON, sent deflated)
+    book.{symbol}     keyed: a 100-level order book, one entry per price level; a tick changes
+                      a few levels, sent as PATCHes of their sizes (protocol.md 5b)
+    book.{symbol}@presence, @count
+                      who is watching that book now (one member per user, across tabs and
+                      workers), and how many
+    positions.{user}  keyed: the user's positions, one entry per symbol, marked to market
     fills             private: this session's own fills, lossless
     reprice           work queue: "reprice" jobs, worked by the page's tabs and by
                       ``python3 -m example_app.worker`` processes (competing consumers)
@@ -18,6 +23,9 @@ RPC: symbols, place_order, history (streamed), reprice_result (a tab's result, p
 "reprice.results" for it: the browser client has no PUBLISH), reprice_all (one "reprice" job
 per symbol enqueued as one batch, sealed; returns {"batch", "total", "ahead"}: the page
 follows batch.{id} with watchBatch; one running batch a session).
+Users: the page names itself with a cookie (``demo_user``, a random "trader-…" it keeps): that is
+the user of its sessions (``authenticate``), so two tabs of one browser are one member of a
+book's presence and share their positions.
 HTTP API: POST /rubris/api/publish with the bearer token API_TOKEN (RUBRIS_API_TOKEN, or a
 random one printed at start): another program can print trades on the tape.
 Operations: Prometheus metrics at /metrics; the live operations page at /rubris/ops (HTTP Basic:
@@ -35,6 +43,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +51,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.requests import HTTPConnection
 
 from rubris_asgi import Reject, Rubris, Session
 from rubris_asgi.batches import BatchStore, MemoryBatchStore, SQLiteBatchStore, State
@@ -76,7 +86,23 @@ def _batch_store() -> BatchStore:
 
 batch_store = _batch_store()
 
-rubris = Rubris(compress_at=512, api_token=API_TOKEN, batches=batch_store, ops=True)
+USER = re.compile(r"[a-z0-9-]{1,32}")
+"""What a ``demo_user`` cookie may hold: anything else is no user (an anonymous session)."""
+
+
+def demo_user(conn: HTTPConnection) -> str | None:
+    """The page's name for itself (its ``demo_user`` cookie): a demo's stand-in for a login."""
+    name = conn.cookies.get("demo_user", "")
+    return name if USER.fullmatch(name) else None
+
+
+rubris = Rubris(
+    compress_at=512,
+    api_token=API_TOKEN,
+    batches=batch_store,
+    ops=True,
+    authenticate=demo_user,
+)
 market = Market()
 cluster = clustering.from_env(market)
 """With RUBRIS_REDIS_URL: this worker's part in the one market of all workers; else None."""
@@ -108,11 +134,70 @@ async def pipeline_batches(session: Session) -> None:
     return None
 
 
-@rubris.shared("book.{symbol}", snapshot=True, compress_at=256)
-async def book(session: Session, symbol: str) -> dict[str, object]:
+@rubris.shared(
+    "book.{symbol}",
+    keyed=True,
+    presence=True,
+    presence_info=lambda session: {"name": session.user or "guest"},
+)
+async def book(session: Session, symbol: str) -> dict[str, dict[str, Any]]:
     if symbol not in SYMBOLS:
         raise Reject(f"unknown symbol {symbol!r}")
-    return market.book(symbol)
+    return market.book(symbol).table()  # the first table, while the topic has none
+
+
+@rubris.shared("positions.{user}", keyed=True, max_keys=len(SYMBOLS))
+async def positions(session: Session, user: str) -> None:
+    if session.user != user:
+        raise Reject("these are another user's positions")
+
+
+_traders: set[str] = set()
+"""The users who placed an order on this worker: whose positions it marks to the market."""
+
+
+def _book_fill(user: str, fill: dict[str, Any]) -> None:
+    """A fill moves its user's position in its symbol: quantity, average price, P&L. The
+    position is read from the table itself (this worker follows it: the user's page subscribes
+    to it), so with several workers each fill starts from the position as all of them left it."""
+    symbol, qty, price = fill["symbol"], fill["qty"], fill["price"]
+    signed = qty if fill["side"] == "buy" else -qty
+    name = f"positions.{user}"
+    pos = dict(rubris.entries(name).get(symbol) or {"qty": 0, "avg": 0.0, "realized": 0.0})
+    held = pos["qty"]
+    if held == 0 or (held > 0) == (signed > 0):  # opening or adding: a new average
+        pos["avg"] = round((held * pos["avg"] + signed * price) / (held + signed), 4)
+    else:  # reducing (or flipping): what is closed is realized at this price
+        closed = min(abs(held), abs(signed)) * (1 if held > 0 else -1)
+        pos["realized"] = round(pos["realized"] + closed * (price - pos["avg"]), 2)
+        if abs(signed) > abs(held):
+            pos["avg"] = price
+    pos["qty"] = held + signed
+    _traders.add(user)
+    _mark(name, symbol, pos)
+
+
+def _mark(name: str, symbol: str, pos: dict[str, Any]) -> None:
+    """A position marked to the market: its last price and unrealized P&L (a PATCH of those
+    members on the wire, as the quote moves)."""
+    last = round(market.quotes[symbol].last, 2)
+    pnl = round(pos["qty"] * (last - pos["avg"]), 2)
+    if pos.get("last") != last or pos.get("pnl") != pnl:
+        rubris.set(name, symbol, {**pos, "last": last, "pnl": pnl})
+
+
+async def mark_positions(every: float = 0.25) -> None:
+    """Mark the positions of this worker's traders to its market (the holder's prices, at
+    most a second old on the others: cluster.py)."""
+    while True:
+        await asyncio.sleep(every)
+        for user in list(_traders):
+            name = f"positions.{user}"
+            if not rubris.has_subscribers(name):
+                _traders.discard(user)  # its pages are gone: marked again at its next fill
+                continue
+            for symbol, pos in rubris.entries(name).items():
+                _mark(name, symbol, pos)
 
 
 @rubris.private("fills", queue=256, batch=8)
@@ -302,6 +387,8 @@ async def place_order(session: Session, args: Any) -> dict[str, object]:
 def _deliver_fill(session: Session, fill: dict[str, object]) -> None:
     with contextlib.suppress(Exception):  # the session may have ended meanwhile
         rubris.send_nowait(session, "fills", fill)
+    if isinstance(session.user, str):
+        _book_fill(session.user, fill)
 
 
 @rubris.rpc("history")
@@ -314,11 +401,14 @@ async def history(session: Session, args: Any) -> AsyncIterator[dict[str, object
 
 
 async def simulate(tick: float = 0.1) -> None:
-    """Move every price each tick, print a few trades, refresh watched books.
+    """Move every price each tick, print a few trades, step the watched books.
 
     With several workers, only in the one that holds the market's lease (cluster.py)."""
     rng = market.rng
     syms = list(SYMBOLS)
+    stepped: set[str] = set()
+    """The books stepped last tick: a book watched again (or by a new holder) is sent whole
+    first, as the differences from what its topic holds."""
     n = 0
     while True:
         await asyncio.sleep(tick)
@@ -332,11 +422,7 @@ async def simulate(tick: float = 0.1) -> None:
                 moved.append(sym)
         for _ in range(rng.randrange(0, 4)):
             rubris.publish("trades", market.trade(rng.choice(syms)))
-        if n % 3 == 0:
-            for sym in syms:
-                name = f"book.{sym}"
-                if rubris.has_subscribers(name) or (cluster is not None and sym in cluster.books):
-                    rubris.publish(name, market.book(sym))
+        stepped = _step_books(syms, stepped)
         if n % 2 == 0 and _queue_stats()["waiting"] < REPRICE_BACKLOG:
             symbol = rng.choice(syms)
             (number,) = await _take_job_numbers(1)
@@ -345,6 +431,27 @@ async def simulate(tick: float = 0.1) -> None:
             rubris.publish("reprice.stats", _reprice_stats())
         if cluster is not None:
             await cluster.record(moved)  # the other workers' markets follow this one
+
+
+def _step_books(syms: list[str], stepped: set[str]) -> set[str]:
+    """Step the books someone watches (here, or on another worker); returns their symbols."""
+    now: set[str] = set()
+    for sym in syms:
+        name = f"book.{sym}"
+        if not (rubris.has_subscribers(name) or (cluster is not None and sym in cluster.books)):
+            continue
+        book_ = market.book(sym)
+        changes = book_.step(market.quotes[sym].bid)
+        if sym not in stepped:
+            rubris.replace(name, book_.table())
+        else:
+            for op, key, level in changes:
+                if op == "set":
+                    rubris.set(name, key, level)
+                else:
+                    rubris.delete(name, key)
+        now.add(sym)
+    return now
 
 
 def _report() -> dict[str, object]:
@@ -361,12 +468,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(
             simulate() if cluster is None else cluster.run(simulate, _report)
         )
+        marking = asyncio.create_task(mark_positions())
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for t in (task, marking):
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
             if cluster is not None:
                 await cluster.close()  # the lease goes at once to a worker that carries on
 

@@ -33,6 +33,10 @@ READ = [
 ]
 """What a user reads: the queue's figures and the command for more workers, the status bar."""
 
+BOOK = [".book-wire .label", "#book-wire", "#book-whole", ".watching-row .label", "#watching-count"]
+"""What the book panel says of its deltas against whole books, and how many watch it (issue
+37), read where the page opens (at 1024 wide the queue is scrolled to below)."""
+
 HIDDEN = """(selectors) => {
     // each element of `selectors` whose text is not all in view: cut by its own box (text
     // overflowing an ellipsis), by an ancestor that clips, by the window, or covered by another
@@ -88,6 +92,11 @@ def test_the_queue_figures_and_the_status_bar_are_readable(
             demos.append((size, demo))
         for size, demo in demos:
             where = f"{size['width']}x{size['height']}"
+            demo.wait(
+                "() => /% less$/.test(document.getElementById('book-saving').textContent)",
+                what="the book's figures",
+            )
+            assert hidden(demo, BOOK) == [], where
             # at 1024 wide the panels scroll between the bars, the queue last: scrolled to the
             # end, it is all above the status bar, not under it (at 1280 nothing scrolls)
             demo.page.evaluate("() => { document.querySelector('main').scrollTop = 1e6; }")

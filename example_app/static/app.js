@@ -1,8 +1,10 @@
 // Rubris Markets: the example app's live trading page.
 //
 // Everything on the page comes through one rubris client: snapshot topics prices.{symbol}
-// (the watchlist), the ring topic `trades` (the tape), the compressed snapshot topic
-// book.{symbol} (the order book), the private topic `fills`, and the RPCs `symbols`,
+// (the watchlist), the ring topic `trades` (the tape), the keyed topic book.{symbol} (the order
+// book: one entry per price level, its changes sent as PATCHes of their sizes), who else watches
+// that book (its presence, book.{symbol}@presence), the user's positions (the keyed topic
+// positions.{user}), the private topic `fills`, and the RPCs `symbols`,
 // `place_order` and the streamed `history`. The tab also works jobs of the queue topic `reprice`
 // (consume()), competing with other tabs and Python workers; it shows the ring `reprice.results`
 // and the snapshot `reprice.stats`. The RPC `reprice_all` enqueues a job per symbol as one batch,
@@ -18,6 +20,17 @@ import { ErrorCode, connect } from "/rubris/client.js";
 // ?transport=longpoll or ?transport=websocket forces a transport (for demos and tests).
 const wanted = new URLSearchParams(location.search).get("transport");
 const transport = ["auto", "websocket", "longpoll"].includes(wanted) ? wanted : "auto";
+// The demo's stand-in for a login: a name this browser keeps (a cookie, sent with the
+// WebSocket's handshake and every long-poll), the user of its sessions. Two tabs of one browser
+// are one user: one member of a book's presence, one set of positions.
+function demoUser() {
+  const found = document.cookie.match(/(?:^|; )demo_user=([a-z0-9-]{1,32})(?:;|$)/);
+  if (found) return found[1];
+  const name = `trader-${Math.random().toString(36).slice(2, 6)}`;
+  document.cookie = `demo_user=${name}; path=/; max-age=31536000; SameSite=Lax`;
+  return name;
+}
+const me = demoUser();
 const client = connect("/rubris", { transport });
 window.rubris = client; // for browser tests and the console
 
@@ -77,7 +90,6 @@ function flash(cell, up, soft = false) {
 
 const dirtyQuotes = new Map(); // symbol → latest quote not yet painted
 let pendingTrades = []; // newest last; never more than a tape's worth
-let pendingBook = null;
 let chartDirty = false;
 let barsDirty = false;
 let frameRequested = false;
@@ -212,13 +224,15 @@ function queueTrade(item) {
   schedulePaint();
 }
 
-// ---- order book ---------------------------------------------------------------------------
+// ---- order book (a keyed topic) ----------------------------------------------------------
 
 const book = $("book");
 const bookLevels = $("book-levels");
 const ladder = []; // prebuilt rows, reused on every update
 let bookSub = null;
-let bookUpdates = 0;
+let bookDirty = false;
+let bookUpdates = 0; // frames of changes (a step of the book) since the symbol was selected
+let watchers = null; // the book's presence
 
 for (let i = 0; i < BOOK_LEVELS; i++) {
   const tr = el("tr");
@@ -233,49 +247,142 @@ for (let i = 0; i < BOOK_LEVELS; i++) {
   ladder.push(cells);
 }
 
+// What the deltas save: the bytes the book's ENTRY messages took, against the same book sent
+// whole at every step as the snapshot topic it used to be (deflated where that halves it, as
+// the server would; the deflated size measured on this very book every second).
+const savings = { entries: 0, patches: 0, wire: 0, whole: 0, wholeSize: 0, since: 0, measuring: false };
+let stepOpen = false;
+
+function resetSavings() {
+  Object.assign(savings, { entries: 0, patches: 0, wire: 0, whole: 0, wholeSize: 0, since: performance.now() });
+}
+
+function asSnapshot(entries, symbol) {
+  const bids = [];
+  const asks = [];
+  for (const level of entries.values()) (level.side === "bid" ? bids : asks).push([level.px, level.qty, level.orders]);
+  bids.sort((a, b) => b[0] - a[0]);
+  asks.sort((a, b) => a[0] - b[0]);
+  return JSON.stringify({ symbol, bids, asks, ts: Date.now() });
+}
+
+async function measureWhole(symbol) {
+  if (savings.measuring || !bookSub?.entries.size) return;
+  savings.measuring = true;
+  try {
+    const raw = new TextEncoder().encode(asSnapshot(bookSub.entries, symbol));
+    const deflated = await new Response(new Blob([raw]).stream().pipeThrough(new CompressionStream("deflate-raw"))).arrayBuffer();
+    const size = 2 * deflated.byteLength <= raw.length ? deflated.byteLength : raw.length;
+    if (!savings.wholeSize) savings.since = performance.now(); // the figures start now
+    savings.wholeSize = size;
+  } finally {
+    savings.measuring = false;
+  }
+}
+
+function onBookChange(change, symbol) {
+  if (change.op === "reset" || change.op === "synced") {
+    if (change.op === "synced" && !savings.since) {
+      resetSavings(); // counted from the whole book on, once its size as a snapshot is known
+      measureWhole(symbol);
+    }
+    bookDirty = true;
+    schedulePaint();
+    return;
+  }
+  if (savings.since && savings.wholeSize) {
+    savings.entries++;
+    if (change.op === "patch") savings.patches++;
+    savings.wire += change.bytes;
+    if (!stepOpen) { // the changes of one frame are one step of the book: one snapshot's worth
+      stepOpen = true;
+      queueMicrotask(() => {
+        stepOpen = false;
+        bookUpdates++;
+        book.dataset.updates = String(bookUpdates);
+        savings.whole += savings.wholeSize;
+      });
+    }
+  }
+  bookDirty = true;
+  schedulePaint();
+}
+
 function clearBook() {
   for (const c of ladder) {
     c.bidQty.textContent = c.bidPx.textContent = c.askPx.textContent = c.askQty.textContent = "";
     c.bidQty.style.removeProperty("--d");
     c.askQty.style.removeProperty("--d");
   }
-  for (const id of ["book-bid", "book-ask", "book-spread", "book-mid"]) $(id).textContent = "—";
+  for (const id of ["book-bid", "book-ask", "book-spread", "book-mid", "book-wire", "book-whole"]) $(id).textContent = "—";
   $("book-codec").textContent = "—";
-  $("book-codec").removeAttribute("data-compressed");
+  $("book-codec").removeAttribute("data-patches");
+  $("book-saving").textContent = "";
 }
 
 function paintBook() {
-  if (!pendingBook) return;
-  const { value, compressed } = pendingBook;
-  pendingBook = null;
-  const bids = Array.isArray(value.bids) ? value.bids : [];
-  const asks = Array.isArray(value.asks) ? value.asks : [];
+  if (!bookDirty || !bookSub) return;
+  bookDirty = false;
+  const bids = [];
+  const asks = [];
+  for (const level of bookSub.entries.values()) (level.side === "bid" ? bids : asks).push(level);
+  bids.sort((a, b) => b.px - a.px);
+  asks.sort((a, b) => a.px - b.px);
   // Size bars: each level's size against the largest level shown on either side.
   let largest = 1;
-  for (const levels of [bids, asks]) {
-    for (const level of levels.slice(0, BOOK_LEVELS)) if (isNum(level?.[1]) && level[1] > largest) largest = level[1];
+  for (const level of [...bids.slice(0, BOOK_LEVELS), ...asks.slice(0, BOOK_LEVELS)]) {
+    if (isNum(level.qty) && level.qty > largest) largest = level.qty;
   }
-  const bar = (level) => (level && isNum(level[1]) ? `${((level[1] / largest) * 100).toFixed(1)}%` : "0%");
+  const bar = (level) => (level && isNum(level.qty) ? `${((level.qty / largest) * 100).toFixed(1)}%` : "0%");
   for (let i = 0; i < BOOK_LEVELS; i++) {
     const c = ladder[i];
     const bid = bids[i];
     const ask = asks[i];
-    c.bidQty.textContent = bid ? fmtQty(bid[1]) : "";
-    c.bidPx.textContent = bid ? fmtPrice(bid[0]) : "";
-    c.askPx.textContent = ask ? fmtPrice(ask[0]) : "";
-    c.askQty.textContent = ask ? fmtQty(ask[1]) : "";
+    c.bidQty.textContent = bid ? fmtQty(bid.qty) : "";
+    c.bidPx.textContent = bid ? fmtPrice(bid.px) : "";
+    c.askPx.textContent = ask ? fmtPrice(ask.px) : "";
+    c.askQty.textContent = ask ? fmtQty(ask.qty) : "";
     c.bidQty.style.setProperty("--d", bar(bid));
     c.askQty.style.setProperty("--d", bar(ask));
   }
-  const bestBid = bids[0]?.[0];
-  const bestAsk = asks[0]?.[0];
+  const bestBid = bids[0]?.px;
+  const bestAsk = asks[0]?.px;
   $("book-bid").textContent = fmtPrice(bestBid);
   $("book-ask").textContent = fmtPrice(bestAsk);
   $("book-spread").textContent = isNum(bestBid) && isNum(bestAsk) ? fmtPrice(bestAsk - bestBid) : "—";
   $("book-mid").textContent = isNum(bestBid) && isNum(bestAsk) ? fmtPrice((bestAsk + bestBid) / 2) : "—";
+  paintSavings();
+}
+
+function paintSavings() {
+  const seconds = (performance.now() - savings.since) / 1000;
+  if (!savings.since || seconds < 1 || !savings.entries) return;
   const codec = $("book-codec");
-  codec.textContent = compressed ? "deflated" : "plain";
-  codec.dataset.compressed = String(compressed);
+  const share = Math.round((savings.patches / savings.entries) * 100);
+  codec.textContent = `${share}% patches`;
+  codec.dataset.patches = String(savings.patches);
+  $("book-wire").textContent = `${fmtBytes(Math.round(savings.wire / seconds))}/s`;
+  $("book-whole").textContent = savings.whole ? `${fmtBytes(Math.round(savings.whole / seconds))}/s` : "—";
+  if (savings.whole) {
+    $("book-saving").textContent = `${Math.round((1 - savings.wire / savings.whole) * 100)}% less`;
+  }
+}
+
+// ---- who watches the book (presence) -------------------------------------------------------
+
+const watching = $("watching");
+
+function paintWatchers() {
+  if (!watchers) return;
+  // this user first, then the others by name; a user with several tabs open shows how many
+  const members = [...watchers.members.entries()].sort(([a], [b]) => (a === me ? -1 : b === me ? 1 : a.localeCompare(b)));
+  const chips = members.map(([member, { sessions, info }]) => {
+    const name = member === me ? "you" : info?.name ?? member;
+    return el("span", member === me ? "chip me" : "chip", sessions > 1 ? `${name} ×${sessions}` : name);
+  });
+  $("watching-count").textContent = String(watchers.count);
+  watching.dataset.members = String(watchers.count);
+  watching.replaceChildren(...chips);
 }
 
 function selectSymbol(symbol) {
@@ -286,23 +393,25 @@ function selectSymbol(symbol) {
   orderForm.elements.symbol.value = symbol;
   $("book-title-symbol").textContent = symbol;
 
-  // One book subscription at a time: the book is the large, compressed topic.
+  // One book at a time: the book is a table of 100 price levels, and watching it makes this
+  // user one of its presence's members (unsubscribing is leaving).
   bookSub?.unsubscribe();
+  watchers?.unsubscribe();
   bookUpdates = 0;
-  pendingBook = null;
+  savings.since = 0;
+  bookDirty = false;
   book.dataset.symbol = symbol;
   book.dataset.updates = "0";
   clearBook();
-  const sub = client.subscribe(`book.${symbol}`, (value, meta) => {
-    if (sub !== bookSub) return; // a late message of the previous symbol
-    bookUpdates++;
-    book.dataset.updates = String(bookUpdates);
-    pendingBook = { value, compressed: meta.compressed };
-    schedulePaint();
-  }, {
+  const sub = client.subscribeTable(`book.${symbol}`, {
+    onChange: (change) => {
+      if (sub === bookSub) onBookChange(change, symbol); // else a late change of the previous symbol
+    },
     onError: (err) => notice(`Order book for ${symbol} unavailable: ${err.reason || err.code}`, "warn"),
   });
   bookSub = sub;
+  watchers = client.presence(`book.${symbol}`, { onChange: () => paintWatchers() });
+  watchers.whenSynced().then(paintWatchers, () => {});
   loadHistory(symbol);
   followBars(symbol);
 }
@@ -415,6 +524,56 @@ function addFill(f) {
   );
   fills.prepend(tr);
   while (fills.rows.length > FILL_ROWS) fills.lastElementChild.remove();
+}
+
+// the deltas' figures move with time too (bytes a second), and the whole book's deflated size
+// is measured again each second on the book as it is then
+setInterval(() => {
+  if (!bookSub || !savings.since) return;
+  measureWhole(book.dataset.symbol);
+  paintSavings();
+}, 1000);
+
+// A tab that closes leaves the book's presence at once: its UNSUBSCRIBE goes out before the
+// connection closes (a session that merely lost its connection stays a member until it ends).
+addEventListener("pagehide", () => {
+  bookSub?.unsubscribe();
+  bookSub = null;
+});
+
+$("me").textContent = me;
+
+// ---- positions (a keyed topic: this user's, one entry per symbol) --------------------------
+
+const positionRows = new Map(); // symbol → <tr>
+const positionsBody = $("positions");
+
+function onPosition({ key, op, value }) {
+  if (op === "reset") {
+    for (const tr of positionRows.values()) tr.remove();
+    positionRows.clear();
+  } else if (op === "delete") {
+    positionRows.get(key)?.remove();
+    positionRows.delete(key);
+  } else if (op === "set" || op === "patch") {
+    let tr = positionRows.get(key);
+    if (!tr) {
+      tr = el("tr");
+      tr.dataset.symbol = key;
+      for (const cls of ["sym", "num qty", "num avg", "num last", "num pnl"]) tr.append(el("td", cls));
+      positionRows.set(key, tr);
+      const after = [...positionRows.keys()].sort().indexOf(key);
+      positionsBody.insertBefore(tr, positionsBody.rows[after] ?? null);
+    }
+    const [sym, qty, avg, last, pnl] = tr.cells;
+    sym.textContent = key;
+    qty.textContent = fmtQty(value.qty);
+    avg.textContent = fmtPrice(value.avg);
+    last.textContent = fmtPrice(value.last);
+    pnl.textContent = fmtSigned(value.pnl);
+    pnl.className = `num pnl ${signClass(value.pnl)}`;
+  }
+  $("positions-empty").hidden = positionRows.size > 0;
 }
 
 // ---- work queue: reprice jobs -------------------------------------------------------------
@@ -1252,6 +1411,7 @@ async function start() {
     onGap: ({ from, count }) => queueTrade({ gap: true, from, count }),
   });
   client.subscribe("fills", (f) => addFill(f));
+  client.subscribeTable(`positions.${me}`, { onChange: onPosition });
   if (symbols.length) selectSymbol(symbols[0].symbol);
 }
 

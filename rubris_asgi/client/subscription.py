@@ -6,13 +6,15 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .concurrency import _within
 from .errors import SubscriptionEnded, _copy
 from .stats import ClientStats
 
 __all__ = ["GapInfo", "PushInfo", "Subscription"]
+
+T = TypeVar("T")
 
 QUEUE_SIZE = 10_000
 """Values a subscription without a callback keeps; items a streamed reply buffers; items a
@@ -75,6 +77,30 @@ class _Topic:
     @property
     def ended(self) -> bool:
         return self._ended is not None
+
+    _nak_level = 0
+    """The NAK level last sent for this topic's queue (``Subscription``, tables): 0 again once
+    it is taken down to half."""
+
+    async def _next_in(self, queue: deque[T], timeout: float | None) -> T:
+        """The next of ``queue`` (a subscription's values, a table's changes): waits for one
+        up to ``timeout`` s, raises the end once the queue is empty; a queue taken down to half
+        says so (the NAK level goes back to 0)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            if queue:
+                item = queue.popleft()
+                if self._nak_level and len(queue) * 2 < QUEUE_SIZE:
+                    self._nak_level = 0
+                return item
+            if self._ended is not None:
+                raise _copy(self._ended)
+            self._wake.clear()
+            if deadline is None:
+                await self._wake.wait()
+            else:
+                await _within(self._wake.wait(), max(0.0, deadline - loop.time()))
 
     def _subscribe_params(self) -> bytes:
         """The params of the next SUBSCRIBE (``last`` only while never answered)."""
@@ -159,21 +185,7 @@ class Subscription(_Topic):
             SubscriptionEnded: the subscription is over and every value has been taken.
             ConnectionLost: the client lost its connection for good.
         """
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            if self._queue:
-                item = self._queue.popleft()
-                if self._nak_level and len(self._queue) * 2 < QUEUE_SIZE:
-                    self._nak_level = 0
-                return item
-            if self._ended is not None:
-                raise _copy(self._ended)
-            self._wake.clear()
-            if deadline is None:
-                await self._wake.wait()
-            else:
-                await _within(self._wake.wait(), max(0.0, deadline - loop.time()))
+        return await self._next_in(self._queue, timeout)
 
     def qsize(self) -> int:
         """Values waiting to be taken."""

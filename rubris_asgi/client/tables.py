@@ -186,21 +186,7 @@ class TableSubscription(_Table):
             ConnectionLost: the client lost its connection for good.
         """
         self._taking = True
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            if self._queue:
-                change = self._queue.popleft()
-                if self._nak_level and len(self._queue) * 2 < QUEUE_SIZE:
-                    self._nak_level = 0
-                return change
-            if self._ended is not None:
-                raise _copy(self._ended)
-            self._wake.clear()
-            if deadline is None:
-                await self._wake.wait()
-            else:
-                await _within(self._wake.wait(), max(0.0, deadline - loop.time()))
+        return await self._next_in(self._queue, timeout)
 
     def qsize(self) -> int:
         """Changes waiting to be taken."""

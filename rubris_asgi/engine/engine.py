@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hmac
 import itertools
-import logging
 import secrets
 import time
 from collections import deque
@@ -35,8 +34,9 @@ from .buffers import FrameBuffer, WriterPool
 from .channels import Channel, Registry
 from .intake import Intake
 from .keyed.operations import TableOperations
-from .keyed.presence import COUNT, PRESENCE, LocalBook, Members, member_of
+from .keyed.presence import LocalBook, Members
 from .keyed.topic import KEYED, KeyedTopic
+from .keyed.watching import PresenceOperations
 from .lifetimes import Lifetimes
 from .membership import Membership, Relay, Relayed, TableRelay
 from .queues import QueueHome, QueueSub, QueueTopic
@@ -56,13 +56,11 @@ from .topics import (
     trimmed,
 )
 
-log = logging.getLogger("rubris_asgi")
-
 PARKED = 1 << 62
 """A ring cursor held while its session resumes: past any head, so nothing is sent."""
 
 
-class Engine(QueueOperations, TableOperations):
+class Engine(QueueOperations, TableOperations, PresenceOperations):
     """Sessions, shared topics (keyed ones too), private queues and work queues, driven by one
     scheduler."""
 
@@ -451,53 +449,6 @@ class Engine(QueueOperations, TableOperations):
             for name in [n for n in self.watched if n not in self.topics]:
                 del self.watched[name]
         return n
-
-    # presence (keyed/presence.py): this node's book writes the companions of a topic
-
-    def _companion(self, name: str, suffix: str) -> SharedTopic | None:
-        t = self.topics.get(name + suffix)
-        if t is None:
-            ch = self.watched.get(name)
-            if ch is None:
-                return None
-            t = self.topic_of(name + suffix, ch.companions[suffix])
-        return t
-
-    def _set_member(self, name: str, member: str, value: Any) -> None:
-        t = self._companion(name, PRESENCE)
-        if isinstance(t, KeyedTopic):
-            self.set_entry(t, member, value)
-
-    def _drop_member(self, name: str, member: str) -> None:
-        t = self.topics.get(name + PRESENCE)
-        if isinstance(t, KeyedTopic):
-            self.delete_entry(t, member)
-
-    def _set_count(self, name: str, count: dict[str, int]) -> None:
-        t = self._companion(name, COUNT)
-        if t is not None:
-            t.publish(encode_payload(count, Codec.JSON), False, self.clock())
-
-    def _joined(self, s: Session, t: SharedTopic) -> None:
-        ch = self.watched.get(t.name)
-        if ch is None or ch.presence is None:
-            return
-        info = ch.presence.info
-
-        def ask() -> Any:
-            if info is None:
-                return None
-            try:
-                return info(s)
-            except Exception:  # the application's hook: its failure is logged, not the join's
-                log.exception("presence_info of %r failed", t.name)
-                return None
-
-        self.members.joined(t.name, member_of(s.owner, s.id), s, ask)
-
-    def _left(self, s: Session, t: SharedTopic) -> None:
-        if t.name in self.watched:
-            self.members.left(t.name, member_of(s.owner, s.id), s)
 
     def discard_topic(self, name: str) -> bool:
         """Forget the shared topic ``name`` if nobody subscribes to it (True when it did)."""

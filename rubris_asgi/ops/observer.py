@@ -23,8 +23,8 @@ from ..engine.engine import Engine
 from ..engine.flow import current_interval
 from ..engine.session import Session
 from ..engine.telemetry import HISTOGRAMS
-from ..engine.topics import SNAPSHOT
 from ..errors import ErrorCode
+from ..protocol import Mode
 
 MIN_AGE = 0.5
 """Seconds a snapshot is reused before the engine is walked again."""
@@ -230,7 +230,7 @@ class Observer:
         return [
             {
                 "name": name,
-                "mode": "snapshot" if topics[name].mode == SNAPSHOT else "ring",
+                "mode": Mode(topics[name].mode).name.lower(),  # snapshot, ring or keyed
                 "subscribers": len(topics[name].subs),
                 "seq": topics[name].seq,
                 "rate": round(n / span, 2),

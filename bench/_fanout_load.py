@@ -361,7 +361,7 @@ class RawReader(asyncio.Protocol):
 
 
 class Client:
-    __slots__ = ("ws", "task", "heartbeat_ms", "topics", "reader")
+    __slots__ = ("ws", "task", "heartbeat_ms", "topics", "reader", "resume")
 
     def __init__(self, ws: StampedConnection, heartbeat_ms: int, topics: dict[int, str]) -> None:
         self.ws = ws
@@ -370,6 +370,8 @@ class Client:
         self.topics = topics
         self.reader: RawReader | None = None
         """Once the handshake is done (fan-out clients): what reads and writes the socket."""
+        self.resume = ""
+        """The session's resume token (WELCOME)."""
 
     async def send(self, message: bytes) -> None:
         if self.reader is not None:
@@ -395,6 +397,7 @@ async def open_client(url: str, names: list[str], rec: Recorder, decode: str) ->
     hello = [Hello(1, ""), *(Subscribe(i + 1, name, 0, 0, b"") for i, name in enumerate(names))]
     await ws.send(encode_frame(hello))
     heartbeat_ms = 0
+    token = ""
     topics: dict[int, str] = {}
     while heartbeat_ms == 0 or len(topics) < len(names):
         frame = await asyncio.wait_for(ws.recv(), 60)
@@ -403,6 +406,7 @@ async def open_client(url: str, names: list[str], rec: Recorder, decode: str) ->
         for m in iter_messages(frame):
             if isinstance(m, Welcome):
                 heartbeat_ms = m.heartbeat_ms
+                token = m.resume
             elif isinstance(m, Subscribed):
                 topics[m.topic] = m.name
             elif isinstance(m, Rejected):
@@ -410,6 +414,7 @@ async def open_client(url: str, names: list[str], rec: Recorder, decode: str) ->
             elif isinstance(m, Goodbye):
                 raise RuntimeError(f"GOODBYE during the handshake: {m.reason} (code {m.code})")
     client = Client(ws, heartbeat_ms, topics)
+    client.resume = token
     # nothing else was sent yet (a fresh server's topics hold nothing to replay): any byte
     # websockets has read past the handshake would be lost to the raw reader, so there is none
     if ws.protocol.reader.buffer or ws.protocol.events or ws.recv_messages.frames:

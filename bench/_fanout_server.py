@@ -61,7 +61,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from _fanout_load import GcTimer  # noqa: E402
 from _servers import SERVERS, orphan_watchdog, serve, serve_uvicorn  # noqa: E402
 
-from rubris_asgi import Config, Rubris, Session, Timing  # noqa: E402
+from rubris_asgi import Config, Limits, Rubris, Session, Timing  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -241,7 +241,10 @@ def build(
     # heartbeat: the load's clients PING at half of it; long enough that a 5,000-client case
     # sends few PINGs while it measures
     timing = Timing(heartbeat=60.0)
-    rubris = Rubris(Config(timing=timing), compress_at=None)
+    # every client of the load comes from 127.0.0.1: the cap on anonymous sessions per address
+    # (1,000, against one client taking what all share) would refuse the rest
+    limits = Limits(max_sessions_per_address=1_000_000)
+    rubris = Rubris(Config(timing=timing, limits=limits), compress_at=None)
 
     kind: dict[str, Any] = {"snapshot": True} if ring == 0 else {"ring": ring}
 

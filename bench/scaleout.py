@@ -1,8 +1,9 @@
-"""Scale-out benchmark: one node alone, one node through Redis, two nodes through Redis.
+"""Scale-out benchmark: one node alone, one node through Redis, two nodes through Redis,
+sessions carried by another node; then sessions moved under load.
 
 Not a test. bench/fanout.py's method (real sockets on 127.0.0.1, the clients in this process,
 publish-to-receive latency from a CLOCK_MONOTONIC stamp in each payload, cross-client skew,
-GAPs, noisy-window detection) on three configurations side by side. Each configuration has
+GAPs, noisy-window detection) on four configurations side by side. Each configuration has
 its own fresh server processes (bench/_scaleout_server.py: bench/_fanout_server.py's
 Starlette app with Rubris at /rubris, on uvicorn; one process is one node):
 
@@ -14,6 +15,10 @@ Starlette app with Rubris at /rubris, on uvicorn; one process is one node):
              clients on each; the publisher runs in node A only, so node B hears everything
              through Redis. Two processes rather than ``rubris_asgi.serve(workers=2)`` (how
              users run it): the bench splits the clients exactly and reads each node's own CPU
+    carried  two nodes as redis2, but every client opened its session on node A and was then
+             moved to node B (bench/_scaleout_moves.py: dropped, resumed through B), which
+             carries its frames to and from A through Redis (rubris_asgi/server/relay/): what
+             a node's clients cost after a balancer sent them elsewhere
 
 Each Redis configuration has its own ``redis-server`` (``tests.rediskit.RedisServer``: a free
 port, no persistence): all three configurations are up at once (below), and Redis's pub/sub
@@ -82,6 +87,10 @@ In every ``max`` phase the load's core is the limit (load ~95-100 %, the node(s)
 one load process reads ~350,000-450,000 deliveries/s at most, so the measured maxima are the
 load's as much as the servers', and no configuration here can show two cores' worth of serving.
 
+Then **settle** (``--no-settle`` skips it, about 15 s): its own Redis and two nodes, 1,000
+clients of node A under a steady load of 50,000 deliveries/s, all moved to node B at once; the
+seconds until every client has read a message at most 100 ms old again.
+
 The headline figures:
 
     redis_cpu_overhead_pct  redis1's server CPU per delivery / local's, - 1, in %, at the fixed
@@ -98,12 +107,18 @@ The headline figures:
                             one core, which if anything costs them). The raw measured max
                             delivered/s of redis2 over local's is printed beside it
 
-    python3 bench/scaleout.py            # about 3 minutes (at most ~4.5)
+    carried_vs_local_per_cpu
+                            carried's deliveries per CPU-second of both nodes (the home that
+                            builds the frames, the entry that writes them) over local's, at the
+                            fixed rate, paired window by window (target >= 0.5)
+    settle_1000_s           the settle run's figure (target <= 5)
+
+    python3 bench/scaleout.py            # about 4 minutes (at most ~6)
     python3 bench/scaleout.py --quick    # 2 windows each, shorter: about a minute
     python3 bench/scaleout.py --configs local,redis1 --phases fixed --rate 40000
 
 The last lines are one JSON object with every window's figures, then
-``redis_cpu_overhead_pct=X two_workers_vs_one=R``.
+``redis_cpu_overhead_pct=X two_workers_vs_one=R carried_vs_local_per_cpu=C settle_1000_s=S``.
 """
 
 from __future__ import annotations
@@ -129,6 +144,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 from _fanout_load import Client, Recorder, close_clients, open_clients, pinger  # noqa: E402
+from _scaleout_moves import move, settled  # noqa: E402
 from fanout import (  # noqa: E402
     LOAD_CORE,
     LOAD_GC,
@@ -180,6 +196,11 @@ class Config:
     results: list[dict[str, Any]] = field(default_factory=list)
     redis_idle_pct: float = 0.0
     """redis-server's CPU % with the nodes connected and following, nothing published."""
+    carried: bool = False
+    """Every client opens its session on node A, then is moved to node B, which carries it."""
+    home_only: bool = False
+    """Every client opens its session on node A (so does ``carried``)."""
+    n_clients: int = CLIENTS
 
     @property
     def ports(self) -> list[int]:
@@ -201,22 +222,26 @@ class Config:
             argv += ["--cpu", str(core)] if pin else []
             argv += ["--redis", self.redis.url] if self.redis else []
             self.nodes.append(Server(argv, pin=False, script=NODE))
-        n = len(self.nodes)
-        self.share = [CLIENTS // n + (i < CLIENTS % n) for i in range(n)]
+        n, total = len(self.nodes), self.n_clients
+        self.share = [total // n + (i < total % n) for i in range(n)]
+        if self.carried or self.home_only:
+            self.share = [total] + [0] * (n - 1)  # every session on A (carried: then by B)
         await asyncio.gather(*(node.start() for node in self.nodes))
         names = [f"bench.{i}" for i in range(TOPICS)]
         t = time.monotonic()
         for port, k in zip(self.ports, self.share, strict=True):
             url = f"ws://127.0.0.1:{port}/rubris/ws"
             self.clients += await open_clients(url, k, names, self.rec, args.decode)
+        if self.carried:
+            self.clients = await move(self.clients, self.ports[1], self.rec, args.decode)
         connect_s = time.monotonic() - t
         await asyncio.sleep(0.3)
         stats = await asyncio.gather(*(http(p, "GET", "/control/stats?gc=1") for p in self.ports))
         connected = [s["connected"] for s in stats]
-        if connected != self.share:
+        if connected != self.share:  # a carried session is connected on its home
             raise RuntimeError(f"{self.name}: {connected} clients connected, not {self.share}")
         print(
-            f"{self.name}: {CLIENTS:,} clients x {TOPICS} topics "
+            f"{self.name}: {total:,} clients x {TOPICS} topics "
             f"({' + '.join(f'{k:,}' for k in self.share)}) connected and subscribed in "
             f"{connect_s:.1f} s; {self.describe()}",
             flush=True,
@@ -236,6 +261,7 @@ def configurations(split: bool) -> list[Config]:
         Config("local", [SERVER_CORE]),
         Config("redis1", [SERVER_CORE]),
         Config("redis2", [SERVER_CORE, LOAD_CORE if split else SERVER_CORE]),
+        Config("carried", [SERVER_CORE, LOAD_CORE if split else SERVER_CORE], carried=True),
     ]
 
 
@@ -651,6 +677,7 @@ def headline(configs: list[Config], args: argparse.Namespace) -> dict[str, Any]:
     at_max = pct_over(paired(configs, "redis1", "local", "max", cost))
     two = paired(configs, "redis2", "local", "max", "projected_per_cpu_s")
     two_at_rate = paired(configs, "redis2", "local", "fixed", "projected_per_cpu_s")
+    carried = paired(configs, "carried", "local", "fixed", "delivered_per_server_cpu_s")
     raw = paired(configs, "redis2", "local", "max", "delivered_per_s")
     local_fixed = typical(windows(configs, "local", "fixed"), cost)
     redis1_fixed = typical(windows(configs, "redis1", "fixed"), cost)
@@ -686,6 +713,8 @@ def headline(configs: list[Config], args: argparse.Namespace) -> dict[str, Any]:
         "two_workers_vs_one_windows": [round(x, 2) for x in two],
         "two_workers_vs_one_at_rate": rounded(median(two_at_rate), 2),
         "two_workers_vs_one_measured": rounded(median(raw), 2),
+        "carried_vs_local_per_cpu": rounded(median(carried), 2),
+        "carried_vs_local_per_cpu_windows": [round(x, 2) for x in carried],
         "overhead_met": m_overhead is not None and m_overhead <= OVERHEAD_TARGET_PCT,
         "scale_met": m_two is not None and m_two >= SCALE_TARGET,
     }
@@ -811,6 +840,68 @@ def verdict(h: dict[str, Any], args: argparse.Namespace) -> list[str]:
     return out
 
 
+SETTLE_CLIENTS = 1000
+SETTLE_ROUNDS_PER_S = 5.0
+SETTLE_LIMIT_S = 60.0
+
+
+async def settle(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
+    """``settle_1000_s``: 1,000 clients of node A under a steady ring load (5 rounds/s: 50,000
+    deliveries/s), all moved to node B at once (bench/_scaleout_moves.py); the seconds until
+    every one has read a message at most 100 ms old again."""
+    cfg = Config("settle", [SERVER_CORE, SERVER_CORE], home_only=True, n_clients=SETTLE_CLIENTS)
+    with RedisServer() as redis:
+        if pin and redis.pid is not None:
+            os.sched_setaffinity(redis.pid, {LOAD_CORE})
+        cfg.redis = redis
+        await cfg.start(args, pin)
+        a, b = cfg.ports
+        pings = asyncio.get_running_loop().create_task(pinger(cfg.clients))
+        try:
+            await http(
+                a, "POST", f"/control/start?mode=open&rate={SETTLE_ROUNDS_PER_S}&seconds=120"
+            )
+            await asyncio.sleep(3.0)
+            cfg.rec.recording = True
+            t0 = time.monotonic_ns()
+            cfg.clients = await move(cfg.clients, b, cfg.rec, args.decode)
+            moved_s = (time.monotonic_ns() - t0) / 1e9
+            deadline = time.monotonic() + SETTLE_LIMIT_S
+            while time.monotonic() < deadline:
+                done, _ = settled(cfg.clients, t0)
+                if done == len(cfg.clients):
+                    break
+                await asyncio.sleep(0.05)
+            done, times = settled(cfg.clients, t0)
+            await http(a, "POST", "/control/stop")
+            stats = await asyncio.gather(*(http(p, "GET", "/control/stats") for p in cfg.ports))
+        finally:
+            pings.cancel()
+            cfg.rec.recording = False
+            await cfg.stop()
+    times.sort()
+    every = done == SETTLE_CLIENTS
+    out = {
+        "clients": SETTLE_CLIENTS,
+        "deliveries_per_s": int(SETTLE_CLIENTS * TOPICS * SETTLE_ROUNDS_PER_S),
+        "reconnected_s": round(moved_s, 2),
+        "settled": done,
+        "settle_s": round(times[-1], 2) if every else None,
+        "settle_p50_s": round(statistics.median(times), 2) if times else None,
+        "connected_on_a": stats[0]["connected"],
+        "gaps": cfg.rec.gaps,
+    }
+    print(
+        f"settle: {SETTLE_CLIENTS:,} sessions of node A moved to node B under "
+        f"{out['deliveries_per_s']:,} deliveries/s, reconnected in {moved_s:.1f} s; every "
+        f"client within 100 ms of the publisher again after "
+        f"{fmt(out['settle_s'], '.2f')} s (half of them after {fmt(out['settle_p50_s'], '.2f')} s)"
+        + ("" if every else f"; only {done} settled within {SETTLE_LIMIT_S:.0f} s"),
+        flush=True,
+    )
+    return out
+
+
 async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
     started = time.monotonic()
     configs = [c for c in configurations(args.split) if c.name in args.configs.split(",")]
@@ -824,7 +915,9 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
                 if pin and c.redis.pid is not None:
                     os.sched_setaffinity(c.redis.pid, {LOAD_CORE})
         await run(configs, args, pin)
+    moves = None if args.no_settle else await settle(args, pin)
     head = headline(configs, args)
+    head["settle_1000_s"] = None if moves is None else moves["settle_s"]
     print(table(configs, head, args), flush=True)
     return {
         "bench": "scaleout",
@@ -843,6 +936,7 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
         "duration_s": round(time.monotonic() - started, 1),
         "noisy_phases": sum(1 for c in configs for r in c.results if noisy(r)),
         "headline": head,
+        "settle": moves,
         "results": [r for c in configs for r in c.results],
     }
 
@@ -871,8 +965,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--configs",
-        default="local,redis1,redis2",
-        help="which configurations, comma-separated (the headline needs all three)",
+        default="local,redis1,redis2,carried",
+        help="which configurations, comma-separated (the headline needs all four)",
+    )
+    ap.add_argument(
+        "--no-settle", action="store_true", help="skip the settle measurement (about 15 s)"
     )
     ap.add_argument(
         "--phases", default="fixed,max", help="fixed and/or max (the headline needs both)"
@@ -921,10 +1018,20 @@ def main() -> None:
         sys.exit(130)
     print(json.dumps(summary, separators=(",", ":"), allow_nan=False), flush=True)
     h = summary["headline"]
-    overhead, two = h["redis_cpu_overhead_pct"], h["two_workers_vs_one"]
+
+    def kv(key: str, digits: int) -> str:
+        v = h[key]
+        return f"{key}={'nan' if v is None else f'{v:.{digits}f}'}"
+
     print(
-        f"redis_cpu_overhead_pct={'nan' if overhead is None else f'{overhead:.1f}'} "
-        f"two_workers_vs_one={'nan' if two is None else f'{two:.2f}'}",
+        " ".join(
+            [
+                kv("redis_cpu_overhead_pct", 1),
+                kv("two_workers_vs_one", 2),
+                kv("carried_vs_local_per_cpu", 2),
+                kv("settle_1000_s", 2),
+            ]
+        ),
         flush=True,
     )
 

@@ -21,7 +21,7 @@ from rubris_asgi.client import Client, SubscribeRejected
 from rubris_asgi.cluster import RedisBroker
 from rubris_asgi.cluster.redis.batch_store import RedisBatchStore
 from rubris_asgi.protocol import Subscribe, Subscribed, encode_frame
-from rubris_asgi.server import relay as relay_module
+from rubris_asgi.server.relay import relays as relay_module
 
 from .apps import make_rubris, starlette_app
 from .lbkit import Balancer

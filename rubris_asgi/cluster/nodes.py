@@ -51,6 +51,12 @@ def node_of(session_id: str) -> str:
 
 Handler = Callable[[Head, bytes], Awaitable[tuple[Head, bytes]]]
 """``handler(head, body) -> (head, body)``: how a node answers a request."""
+Told = Callable[[str, bytes], None]
+"""``told(node, body)``: a one-way message from ``node`` (``tell``), in the order it was told."""
+Untold = Callable[[str, bool], None]
+"""``untold(node, gone)``: what was told to ``node`` may not all have reached it: nobody
+listens there (``gone``: the node has stopped or died), or Redis failed on the way. The
+stream to that node is broken: whoever relies on its order starts over."""
 
 
 class NodeLink:
@@ -81,6 +87,19 @@ class NodeLink:
         (Redis failed before the request was written); perhaps received and acted on:
         ``MaybeSent``, ``NoReply`` (no reply in time), ``Abandoned`` (this node stopped);
         ``RuntimeError``: the other node's handler failed."""
+        raise NodeGone(f"no node {node}: this one is alone")
+
+    def on_tell(self, op: str, told: Told, untold: Untold) -> None:
+        """Hear the one-way messages ``op`` of other nodes with ``told``; learn of those told
+        to another node that may be lost with ``untold``."""
+
+    def tell(self, node: str, op: str, body: bytes) -> None:
+        """Send ``body`` to ``node``'s ``told`` for ``op``, one way, without waiting.
+
+        What one node tells another arrives in the order told, whole, at most once; what is
+        told within one turn of the event loop goes out together. A message that may be lost
+        (the node gone, Redis failing) is reported to ``untold`` rather than raised: the
+        caller learns of it after the fact, like a socket's error. Alone: nobody to tell."""
         raise NodeGone(f"no node {node}: this one is alone")
 
     async def live(self) -> list[str]:

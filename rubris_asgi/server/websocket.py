@@ -77,6 +77,8 @@ class WebSocketTransport:
                 self.gateway.engine.telemetry.closed_blocked += 1
                 await conn.abort(ErrorCode.SLOW_CONSUMER, "slow consumer", goodbye=True)
                 self.gateway.engine.end_session(s)
+        if self.relays is not None:  # and those carried by another node
+            self.relays.close_blocked(now)
 
     def close_silent(self, now: float) -> None:
         """Close the connections nothing was heard from for twice the heartbeat (the peer is
@@ -389,7 +391,7 @@ class WebSocketConnection:
         relays = self.transport.relays
         home = gateway.nodes.home_of(resumed_id(msgs))
         if home and relays is not None:
-            if await relays.carry(self.ws, home, frame, gateway.owner_tag(user)):
+            if await relays.carry(self.ws, self._direct, home, frame, gateway.owner_tag(user)):
                 return None
         s, resumed = gateway.open_or_resume(msgs, user, client_address(self.ws))
         s.transport = "websocket"

@@ -13,7 +13,9 @@ down, nor that the request was not acted on.
 A message is ``head \\n body``: ``head`` is JSON without a newline (orjson writes none),
 ``{"op": ..., "rid": n, "from": NODE, ...}`` for a request, ``{"re": n, ...}`` for its reply
 (``"error"`` when the handler failed). A request to a node nobody listens for (it died, or
-never was) raises ``NodeGone`` at once: Redis says how many received it.
+never was) raises ``NodeGone`` at once: Redis says how many received it. A one-way message
+(``tell``, tells.py) has the head ``{"op": ..., "from": NODE, "t": 1}`` and is handed to its
+``told`` in the reader's own callback, so in the order it came.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...errors import BrokerUnavailable
-from ..nodes import Abandoned, Handler, Head, MaybeSent, NodeGone, NodeLink, NoReply
+from ..nodes import Abandoned, Handler, Head, MaybeSent, NodeGone, NodeLink, NoReply, Told, Untold
+from .tells import Tells
 
 log = logging.getLogger("rubris_asgi.broker")
 
@@ -80,10 +83,20 @@ class RedisNodeLink(NodeLink):
         self._asks: dict[int, asyncio.Future[tuple[Head, bytes]]] = {}
         self._rids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._told: dict[str, Told] = {}
+        self.tells = Tells(prefix, node, client, unavailable)
 
     def on(self, op: str, handler: Handler) -> None:
         """Answer requests ``op`` with ``handler(head, body) -> (head, body)``."""
         self._handlers[op] = handler
+
+    def on_tell(self, op: str, told: Told, untold: Untold) -> None:
+        self._told[op] = told
+        self.tells.on(op, untold)
+
+    def tell(self, node: str, op: str, body: bytes) -> None:
+        """One way, in order, together with the turn's others (tells.py)."""
+        self.tells.tell(node, op, body)
 
     async def ask(
         self, node: str, op: str, head: Head, body: bytes, timeout: float
@@ -190,6 +203,16 @@ class RedisNodeLink(NodeLink):
             if fut is not None and not fut.done():
                 fut.set_result((head, body))
             return
+        if "t" in head:  # told: handled here and now, so in the order it came
+            told = self._told.get(head.get("op", ""))
+            if told is None:
+                log.warning("a told %r nobody hears", head.get("op"))
+                return
+            try:
+                told(str(head.get("from")), body)
+            except Exception:
+                log.exception("hearing %s from node %s", head.get("op"), head.get("from"))
+            return
         task = asyncio.get_running_loop().create_task(self._answer(head, body))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -211,6 +234,7 @@ class RedisNodeLink(NodeLink):
 
     def close(self) -> None:
         """Fail what waits for a reply; stop answering."""
+        self.tells.close()
         for task in self._tasks:
             task.cancel()
         for fut in self._asks.values():

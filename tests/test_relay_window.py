@@ -21,6 +21,10 @@ from rubris_asgi.config import Config, Timing, WriterConfig
 from rubris_asgi.protocol import (
     Goodbye,
     Hello,
+    Ping,
+    Pong,
+    Publish,
+    Rejected,
     Subscribe,
     Subscribed,
     Welcome,
@@ -208,6 +212,46 @@ async def test_an_entry_node_that_stops_leaves_its_carried_sessions_waiting_for_
                 assert c.resumed and c.session_id == s.id
                 await until(lambda: len(private) == 10, "all of it")
                 assert private == list(range(10))
+
+
+async def test_pings_are_answered_where_they_arrive_never_before_an_earlier_answer(
+    url: str,
+) -> None:
+    """Through B, a PUBLISH that is refused and a PING right behind it: the PING goes to A
+    behind the PUBLISH and its PONG comes after the REJECTED (protocol.md section 4). Once A
+    has confirmed everything, a PING is answered by B alone: A hears nothing of it."""
+    async with two(url) as [(a, base_a), (_, base_b)]:
+        ws_a = base_a.replace("http", "ws") + "/rubris/ws"
+        ws_b = base_b.replace("http", "ws") + "/rubris/ws"
+        opened = await connect(ws_a, subprotocols=["rubris.v1"])  # type: ignore[list-item]
+        await opened.send(encode_frame([Hello(1, "")]))
+        welcome = await first(opened, Welcome)
+        await opened.close()
+        await until(lambda: a.engine.sessions[welcome.session].sink is None, "detached")
+        async with connect(ws_b, subprotocols=["rubris.v1"]) as ws:  # type: ignore[list-item]
+            await ws.send(encode_frame([Hello(1, welcome.resume)]))
+            assert (await first(ws, Welcome)).resumed
+            sink = a.relays.homes[welcome.session]
+            await ws.send(encode_frame([Publish(1, "feed.x", b"1")]))  # no client PUBLISH here
+            await ws.send(encode_frame([Ping(7)]))
+            answers = [await next_of(ws, (Rejected, Pong)), await next_of(ws, (Rejected, Pong))]
+            assert [type(m) for m in answers] == [Rejected, Pong]
+            await until(lambda: sink.ins.next == 3 and not sink.unconfirmed, "confirmed")
+            await asyncio.sleep(0.1)  # the INACK reaches B
+            for token in (8, 9):
+                await ws.send(encode_frame([Ping(token)]))
+                assert (await next_of(ws, (Pong,))).token == token
+            assert sink.ins.next == 3  # A heard neither
+
+
+async def next_of(ws: ClientConnection, kinds: tuple[type, ...]) -> Any:
+    """The next message of one of ``kinds`` that ``ws`` receives."""
+    while True:
+        frame = await asyncio.wait_for(ws.recv(), 5)
+        assert isinstance(frame, bytes)
+        for m in iter_messages(frame):
+            if isinstance(m, kinds):
+                return m
 
 
 async def first(ws: ClientConnection, kind: type) -> Any:

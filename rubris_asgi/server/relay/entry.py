@@ -9,7 +9,11 @@ A frame out of turn means a stretch of the stream was lost: the connection is cl
 and the client resumes, which restates what it holds (records.py says why that is exact).
 
 The client's frames go to the home as IN records, at most ``INS_IN_FLIGHT`` not yet handled
-there; past that the socket is not read until the home catches up.
+there; past that the socket is not read until the home catches up. A frame of PINGs alone is
+answered here when the home has confirmed every frame before it and nothing waits to be
+written: the home confirms a frame only after every direct answer to it was told (home.py), so
+those answers are written before this PONG, in the order section 4 of protocol.md promises,
+and the PING costs no trip through Redis. Otherwise it goes home like any frame.
 
 A CLOSE from the home closes the connection after the frames before it (a GOODBYE last, when
 it carries one), within ``CLOSE_WAIT`` seconds: a client that reads nothing is not waited for.
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ...protocol import Ping, Pong, decode_frame, encode_frame
 from ..direct import DirectSocket
 from .records import GONE, IN, INS_IN_FLIGHT, READY, Sequence, Window, record
 
@@ -102,7 +107,8 @@ class Relay:
                     await asyncio.wait_for(self._room.wait(), relays.ask_timeout)
                 if self.closed:
                     break
-                relays.tell(self.node, record(IN, self.conn, self.ins.send(), bytes(data)))
+                if not self._answered(data):
+                    relays.tell(self.node, record(IN, self.conn, self.ins.send(), bytes(data)))
         except (WebSocketDisconnect, asyncio.TimeoutError):
             pass
         finally:
@@ -112,6 +118,22 @@ class Relay:
             if writer is not None:  # a CLOSE under way finishes (bounded by CLOSE_WAIT)
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.wait_for(asyncio.shield(writer), CLOSE_WAIT + 2.0)
+
+    def _answered(self, data: bytes) -> bool:
+        """Whether ``data`` was a frame of PINGs answered here (see the module's docstring)."""
+        direct = self.direct
+        if self.ins.outstanding or self.queue or self._writer is not None or direct is None:
+            return False
+        try:
+            msgs = decode_frame(data)
+        except Exception:  # bad input: the home says so, by the rules
+            return False
+        if not msgs or not all(type(m) is Ping for m in msgs):
+            return False
+        if not direct.write(encode_frame([Pong(m.token) for m in msgs if type(m) is Ping])):
+            return False
+        direct.outbox.flush()  # not inside a cycle, which would flush it at its end
+        return True
 
     # what the home tells
 

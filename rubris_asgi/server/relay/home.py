@@ -9,7 +9,8 @@ the local rules (the slow-client pause when it ends, GOODBYE 7 past ``max_blocke
 by the housekeeping as for a local socket: ``Relays.close_blocked``).
 
 The client's frames (IN records) are handled in order, one at a time, as a local connection's
-reader does (its input budget too), each confirmed by an INACK once handled.
+reader does (its input budget too), each confirmed by an INACK once handled and its direct
+answers told (so the entry may answer a PING alone: entry.py).
 
 The entry's node gone, or the stream to it broken (a stretch of records lost: ``lost``), the
 session waits for a resume, as when a local socket dies. Records never reach a sink that
@@ -50,6 +51,7 @@ class RemoteSink:
         "ins",
         "inbox",
         "_handling",
+        "unconfirmed",
     )
 
     def __init__(self, relays: Relays, session: Session, via: str, conn: int) -> None:
@@ -69,6 +71,8 @@ class RemoteSink:
         self.inbox: deque[tuple[int, bytes]] = deque()
         """Client frames (number, bytes) not yet handled, in order."""
         self._handling = False
+        self.unconfirmed = 0
+        """The last client frame handled whose answers are not all told yet (0: none)."""
 
     # FrameSink: called from inside the scheduler's cycle, so it must never raise or await
 
@@ -98,6 +102,8 @@ class RemoteSink:
         n = self.window.send()
         self.relays.tell(self.via, record(FRAME, self.conn, n, frame))
         s = self.session
+        if self.unconfirmed and not s.direct:
+            self._confirm(self.unconfirmed)
         if s.state is SessionState.CLOSING and not s.has_work():
             # the GOODBYE queued by close_session is on its way: nothing follows it. Ended
             # after the cycle that built it (which may be running now) is done with it
@@ -161,10 +167,21 @@ class RemoteSink:
                 if s.state is SessionState.CLOSED:
                     return
                 await dispatcher.pay(s)  # over its input budget: the entry waits for this
-                if not self.closed:
-                    self.relays.tell(self.via, record(INACK, self.conn, n))
+                if self.closed:
+                    return
+                if s.direct or self.held is not None:
+                    self.unconfirmed = n  # confirmed once its answers are told (below)
+                else:
+                    self._confirm(n)
         finally:
             self._handling = False
+
+    def _confirm(self, n: int) -> None:
+        """INACK ``n``: told only once every direct answer to the frames up to ``n`` is told
+        before it, so that the entry, which then holds everything the home answered, may
+        answer a PING itself without a PONG overtaking a REJECTED (protocol.md section 4)."""
+        self.unconfirmed = 0
+        self.relays.tell(self.via, record(INACK, self.conn, n))
 
     # endings
 

@@ -85,6 +85,11 @@ class Relay:
         """What waits for the writer task, in order: frames (number, bytes) and a CLOSE."""
         self._writer: asyncio.Task[None] | None = None
 
+    @property
+    def writer(self) -> asyncio.Task[None] | None:
+        """The task writing what waits (a CLOSE among it), if one runs."""
+        return self._writer
+
     # the client's side
 
     async def run(self, welcome: bytes) -> None:

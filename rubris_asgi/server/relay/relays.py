@@ -43,7 +43,7 @@ from ...engine.session import Session
 from ...errors import BrokerUnavailable
 from ..direct import DirectSocket, Outbox
 from ..gateway import Gateway
-from .entry import Relay
+from .entry import CLOSE_WAIT, Relay
 from .home import RemoteSink
 from .records import (
     ACK,
@@ -179,8 +179,12 @@ class Relays:
     async def close_entries(self, code: int, reason: str) -> None:
         """Close every connection carried for another node (this node shuts down: the clients
         reconnect elsewhere, their sessions untouched)."""
-        for relay in list(self.entries.values()):
+        relays = list(self.entries.values())
+        for relay in relays:
             relay.fail(code, reason)
+        closing = [r.writer for r in relays if r.writer is not None]
+        if closing:  # each close is bounded by CLOSE_WAIT: wait for them, not for ever
+            await asyncio.wait(closing, timeout=CLOSE_WAIT + 1.0)
 
     # the home's side
 

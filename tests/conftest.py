@@ -64,7 +64,14 @@ IMPORTED_BY = {
     "spark": ("pyspark", ("test_spark*.py",)),
     "redis": (
         "redis",
-        ("test_*redis*.py", "test_faults.py", "test_scaleout.py", "test_send_to.py"),
+        (
+            "test_*redis*.py",
+            "test_faults.py",
+            "test_scaleout.py",
+            "test_send_to.py",
+            "test_clusterkit.py",
+            "test_relay_window.py",
+        ),
     ),
 }
 """The package a part's modules import at the top, and those modules: left out of collection

@@ -220,7 +220,7 @@ async def test_pings_are_answered_where_they_arrive_never_before_an_earlier_answ
     """Through B, a PUBLISH that is refused and a PING right behind it: the PING goes to A
     behind the PUBLISH and its PONG comes after the REJECTED (protocol.md section 4). Once A
     has confirmed everything, a PING is answered by B alone: A hears nothing of it."""
-    async with two(url) as [(a, base_a), (_, base_b)]:
+    async with two(url) as [(a, base_a), (b, base_b)]:
         ws_a = base_a.replace("http", "ws") + "/rubris/ws"
         ws_b = base_b.replace("http", "ws") + "/rubris/ws"
         opened = await connect(ws_a, subprotocols=["rubris.v1"])  # type: ignore[list-item]
@@ -236,8 +236,9 @@ async def test_pings_are_answered_where_they_arrive_never_before_an_earlier_answ
             await ws.send(encode_frame([Ping(7)]))
             answers = [await next_of(ws, (Rejected, Pong)), await next_of(ws, (Rejected, Pong))]
             assert [type(m) for m in answers] == [Rejected, Pong]
-            await until(lambda: sink.ins.next == 3 and not sink.unconfirmed, "confirmed")
-            await asyncio.sleep(0.1)  # the INACK reaches B
+            [relay] = b.relays.entries.values()
+            await until(lambda: sink.ins.next == 3 and not relay.ins.outstanding, "confirmed")
+            await until(lambda: not relay.queue and relay.writer is None, "written")
             for token in (8, 9):
                 await ws.send(encode_frame([Ping(token)]))
                 assert (await next_of(ws, (Pong,))).token == token

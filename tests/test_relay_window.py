@@ -55,9 +55,9 @@ async def until(cond: Any, what: str, timeout: float = 5.0) -> None:
     raise AssertionError(f"not reached in {timeout} s: {what}")
 
 
-def node(url: str, max_blocked: float = 10.0) -> Rubris:
+def node(url: str, max_blocked: float = 10.0, heartbeat: float = 5.0) -> Rubris:
     config = Config(
-        timing=Timing(session_timeout=20.0, heartbeat=5.0),
+        timing=Timing(session_timeout=20.0, heartbeat=heartbeat),
         writer=WriterConfig(max_blocked=max_blocked),
     )
     r = Rubris(config, broker=RedisBroker(url))
@@ -243,6 +243,24 @@ async def test_pings_are_answered_where_they_arrive_never_before_an_earlier_answ
                 await ws.send(encode_frame([Ping(token)]))
                 assert (await next_of(ws, (Pong,))).token == token
             assert sink.ins.next == 3  # A heard neither
+
+
+async def test_an_entry_that_hears_nothing_from_the_home_ends_its_connections(url: str) -> None:
+    """The home stops hearing the records (a node stalled, or dead on a host whose connection
+    Redis keeps): the entry, whose PINGs it answers alone, would otherwise carry the client
+    for ever. Nothing heard for two heartbeats (1 s here), its connection ends and the client
+    reconnects; the home, hearing nothing either, lets go of the session's connection too."""
+    async with two(url, heartbeat=1.0) as [(a, base_a), (b, base_b)]:
+        async with Balancer([base_a, base_b]) as lb:
+            async with Client(lb.base + "/rubris", backoff=(0.05, 0.2)) as c:
+                s = await carried(lb, a, b, c)
+                assert a.broker is not None
+                deaf = a.broker.nodes._told.pop("ws")  # type: ignore[attr-defined]
+                await until(lambda: s.sink is None, "the home let go", 6)
+                await until(lambda: not b.relays.entries, "the entry let go", 6)
+                a.broker.nodes._told["ws"] = deaf  # type: ignore[attr-defined]
+                await until(lambda: c.state == "open" and s.sink is not None, "resumed", 10)
+                assert c.resumed and c.session_id == s.id
 
 
 async def next_of(ws: ClientConnection, kinds: tuple[type, ...]) -> Any:

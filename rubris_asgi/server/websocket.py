@@ -77,8 +77,8 @@ class WebSocketTransport:
                 self.gateway.engine.telemetry.closed_blocked += 1
                 await conn.abort(ErrorCode.SLOW_CONSUMER, "slow consumer", goodbye=True)
                 self.gateway.engine.end_session(s)
-        if self.relays is not None:  # and those carried by another node
-            self.relays.close_blocked(now)
+        if self.relays is not None:  # and those carried by another node, and their links
+            self.relays.upkeep(now)
 
     def close_silent(self, now: float) -> None:
         """Close the connections nothing was heard from for twice the heartbeat (the peer is

@@ -17,6 +17,8 @@ IN          entry->home  client frame ``n`` (numbered from 1)
 ACK         entry->home  the frames up to ``n`` are written to the client's socket
 READY       entry->home  the WELCOME is written: frames may follow
 GONE        entry->home  the client's connection ended (after the IN records before it)
+KEEP        either way   nothing (conn 0): this node lives and still carries connections
+                         with the other (told when nothing else was for half a heartbeat)
 ==========  ===========  =================================================================
 
 ``conn`` is the entry's number for the connection (unique on the entry node); the home knows
@@ -44,7 +46,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-FRAME, CLOSE, INACK, IN, ACK, READY, GONE = range(1, 8)
+FRAME, CLOSE, INACK, IN, ACK, READY, GONE, KEEP = range(1, 9)
 HEAD = struct.Struct("!BIII")
 """kind, conn, n, body length."""
 FRAMES_IN_FLIGHT = 8

@@ -15,6 +15,14 @@ loop told a node in one PUBLISH): the home's frames with a window of ``FRAMES_IN
 session thus costs about what a local one does plus a record each way per frame, and many
 sessions' records share a message: no round trip per frame, no task per frame.
 
+**Silence.** Two nodes that carry connections for each other each tell the other something
+at least every half heartbeat (KEEP when nothing else: a carried client's PINGs may be answered
+by the entry alone, so traffic alone says nothing). Nobody listening where a KEEP goes is a
+node gone; nothing heard from a node for two heartbeats is a node stalled, paused or dead on
+a host whose connection Redis still keeps: its connections here end as for a lost stretch
+(``_untold``), so no client is left talking to an entry whose home is no more, and no session
+stays attached to a connection nobody carries.
+
 **Faults.** The home's node gone (nobody hears what the entry tells it) closes its carried
 connections with 1012: the client reconnects and, its session gone with its node, starts a
 new one. A ``ws.open`` that fails otherwise (Redis unreachable, a home that beat lately and did
@@ -53,6 +61,7 @@ from .records import (
     GONE,
     IN,
     INACK,
+    KEEP,
     READY,
     close_body,
     close_record,
@@ -99,6 +108,10 @@ class Relays:
         self._acking = False
         self._outboxes: list[Outbox] = []
         """Direct writes of the records being heard, to flush when they are all read."""
+        self._told_at: dict[str, float] = {}
+        """When this node last told each node something (the engine's clock)."""
+        self._heard_at: dict[str, float] = {}
+        """When each node last told this one something."""
 
     @property
     def nodes(self) -> NodeLink:
@@ -116,6 +129,7 @@ class Relays:
         return task
 
     def tell(self, node: str, data: bytes) -> None:
+        self._told_at[node] = self.gateway.engine.clock()
         self.nodes.tell(node, RECORDS, data)
 
     def tell_close(self, node: str, conn: int, code: int, reason: str, last: bytes) -> None:
@@ -209,13 +223,30 @@ class Relays:
         if self.sinks.get((sink.via, sink.conn)) is sink:
             del self.sinks[(sink.via, sink.conn)]
 
-    def close_blocked(self, now: float) -> None:
-        """End the carried sessions whose frame has waited for the window ``max_blocked``."""
+    def upkeep(self, now: float) -> None:
+        """The housekeeping's round: end the carried sessions whose frame has waited for the
+        window ``max_blocked``; keep the nodes this one carries connections with hearing from
+        it, and give up on those not heard from (module docstring: silence)."""
         limit = self.gateway.config.writer.max_blocked
         for sink in list(self.blocked):
             if now - sink.writing_since > limit:
                 log.info("carried session %s blocked: closing", sink.session.id[:8])
                 sink.blocked_too_long()
+        heartbeat = self.gateway.config.timing.heartbeat
+        peers = {r.node for r in self.entries.values()} | {via for via, _ in self.sinks}
+        for node in peers:
+            heard = self._heard_at.setdefault(node, now)  # counted from the first connection
+            if now - heard > 2 * heartbeat:
+                log.warning(
+                    "nothing from node %s for %.0f s: its connections end", node, now - heard
+                )
+                self._heard_at.pop(node, None)
+                self._untold(node, False)
+            elif now - self._told_at.get(node, 0.0) >= heartbeat / 2:
+                self.tell(node, record(KEEP, 0, 0))
+        for gone in set(self._heard_at) - peers:  # nothing carried with it any more
+            del self._heard_at[gone]
+            self._told_at.pop(gone, None)
 
     def session_ended(self, s: Session) -> None:
         sink = self.homes.get(s.id)
@@ -226,8 +257,11 @@ class Relays:
 
     def _told(self, node: str, data: bytes) -> None:
         """Records from ``node``, in order: each to its connection's end here."""
+        self._heard_at[node] = self.gateway.engine.clock()
         try:
             for kind, conn, n, body in records(data):
+                if kind == KEEP:
+                    continue
                 if kind >= IN:
                     self._to_home(node, kind, conn, n, body)
                 else:

@@ -150,6 +150,7 @@ def consumer_state(c: QueueSub, now: float) -> dict[str, Any]:
         "prefetch": c.prefetch,
         "fixed": c.fixed,
         "estimate": est.value,
+        "allowance": est.allowance,
         "probing": bool(est.probe_from),
         "rtt_ms": None if rtt is None else round(rtt * 1000, 2),
         "sojourn_ms": None if est.sojourn == math.inf else round(est.sojourn * 1000, 2),

@@ -16,6 +16,16 @@ jitter, not a standing queue. From then until the delay has stayed under target 
 intervals (CoDel's memory of a recent standing queue), the consumer gets new items only up to
 its measured prefetch (round trip / processing time + 1), whatever it asked for. This is for
 consumers that do not run CoDel themselves: a third-party client, a stalled tab.
+
+An estimated prefetch also has the allowance (prefetch.py: at least target / time per item,
+what the consumer works through within CoDel's target, so none of those items waits longer).
+CoDel leaves those alone by construction: it revokes only when the consumer works slower than
+measured or holds more than that. From then on (the cap and the ceiling above) the allowance
+is withheld and the consumer is held to the formula: items meant to wait at most target were
+found waiting longer, so the allowance is the very buffer CoDel is draining, and handing it
+out again would refill the standing queue it is taking back. It comes back when both have
+lifted (by then the pace, measured again, sizes it). A prefetch fixed by the consumer or the
+channel never has it: it stays exactly as fixed.
 """
 
 from __future__ import annotations
@@ -64,10 +74,12 @@ class QueueSub(Sub):
         """The last tag issued: tags strictly increase for the life of the subscription."""
         self.fixed = prefetch or settings.prefetch
         """The prefetch the consumer or the channel fixed; None: the estimator's."""
-        self.estimator = PrefetchEstimator(
-            settings.initial_prefetch, settings.max_prefetch, settings.rtt_window
-        )
         target = settings.codel_target
+        # the channel's target sizes the allowance (the floor ``tick`` gives the per-consumer
+        # target, one processing time, would only ever allow one item: always allowed anyway)
+        self.estimator = PrefetchEstimator(
+            settings.initial_prefetch, settings.max_prefetch, settings.rtt_window, target
+        )
         self.codel = CoDel(target, settings.codel_interval) if target else None
         self.capped_until = 0.0
         """Held to its measured prefetch until then: CoDel took items back lately."""
@@ -93,8 +105,10 @@ class QueueSub(Sub):
         if not self.live:
             return 0
         limit = self.prefetch
-        if self.capped_until:
-            # a standing queue inside the consumer lately: no more than its measured need
+        if self.capped_until or (self.ceiling and self.fixed is None):
+            # a standing queue inside the consumer lately: no more than its measured need, and
+            # for an estimated prefetch no allowance either (the module docstring); the ceiling
+            # may outlast the cap when the consumer does not ACK (it NACKs, or is stalled)
             limit = min(limit, self.estimator.value)
         if self.ceiling:
             limit = min(limit, self.ceiling)

@@ -41,6 +41,34 @@ Three corrections keep it honest.
   consumer is held to one item in flight until one item sent with nothing else outstanding is
   acknowledged, which measures round trip + processing cleanly. The consumer drains its buffer
   meanwhile; the probe costs about one round trip of idleness per ``window``.
+
+The *allowance* (protocol.md section 5, revised 2026-11-27: the server may also add what waits
+no longer than CoDel's target, target / processing time items): the prefetch is at least
+``floor(target / pace)``, what the consumer works through within the channel's
+``codel_target`` (nothing with CoDel off: nothing would take back what waits too long). The
+formula sizes the buffer to be empty when an item arrives, right when the round trip is long
+against a job, but cheap items then come a few to a frame and each frame's fixed cost
+dominates (100 µs items 1 ms away: 11 items; benchmarks.md: 4 consumers ACKing at once on a
+saturated core got 3-9, 22,046 items/s producer to ACK, 29,969 with a frame's worth fixed).
+
+- *At least, not added to the formula.* The formula already covers the round trip, so what is
+  added on top waits in the consumer, a whole target's worth for every item: the source
+  document's doubled prefetch again, for the 4 ms jobs it is about. Measured (bench/queues.py's
+  scenario, auto+CoDel, 3 runs each, alternated): added, p50 87 -> 104 ms, p99 after the
+  slowdown 139-141 -> 173-207 ms (target 150) and client CoDel give-backs 17-19 -> 70-100
+  (items waiting exactly target, pushed over it by any jitter); as a floor, as before. It is
+  invisible where the formula holds more than the target's worth (those 4 ms jobs: 26 > 20 /
+  4), as protocol.md says, and cheap items get it (100 µs: 200, frames full); what it adds
+  waits at most target - round trip - processing.
+- *The pace* is the median of the recent samples, not ``processing`` (their smallest, which
+  the formula wants: ``_allow`` says why).
+- *It cannot defeat CoDel*, by construction: CoDel takes back what waits longer than target,
+  and none of it does while the consumer keeps its pace. When it slows down its items do wait
+  longer, CoDel takes them back, and from then on the consumer is held to ``value``, the
+  formula without the floor (consumer.py).
+- *Slow start.* The floor grows as the formula does (a measurement at most doubles the whole
+  prefetch: a first sample from a few bunched ACKs, a time per item far too small, cannot hand
+  out hundreds of items at once) and shrinks at once when the pace slows.
 """
 
 from __future__ import annotations
@@ -64,12 +92,18 @@ SLACK = 1e-4
 
 
 class PrefetchEstimator:
-    """Round trip, processing time and the prefetch they call for, for one consumer."""
+    """Round trip, processing time and the prefetch they call for, for one consumer.
+
+    ``target``: the channel's CoDel target (None or 0: CoDel off), what the allowance's items
+    may wait.
+    """
 
     __slots__ = (
         "initial",
         "maximum",
         "window",
+        "target",
+        "target_items",
         "sojourn",
         "sojourn_at",
         "sojourn_p",
@@ -93,12 +127,20 @@ class PrefetchEstimator:
         "intervals",
     )
 
-    def __init__(self, initial: int, maximum: int, window: float) -> None:
+    def __init__(
+        self, initial: int, maximum: int, window: float, target: float | None = None
+    ) -> None:
         if not 1 <= initial <= maximum:
             raise ValueError(f"initial prefetch must be in [1, {maximum}], got {initial}")
         self.initial = initial
         self.maximum = maximum
         self.window = window
+        self.target = target or 0.0
+        """CoDel's target (0: CoDel off, no allowance): nothing takes back what waits too long
+        then, so nothing is made to wait by design either."""
+        self.target_items = 0
+        """The allowance's floor: ``target / pace`` rounded down (what the consumer works through
+        within ``target``), grown at most as fast as slow start lets the prefetch grow."""
         self.sojourn = math.inf
         """The smallest delivery-to-ACK time seen lately: round trip + processing."""
         self.sojourn_at = 0.0
@@ -137,8 +179,20 @@ class PrefetchEstimator:
 
     @property
     def value(self) -> int:
-        """The prefetch this consumer gets: measured, plus what starving added."""
+        """The measured prefetch: the formula, plus what starving added. What a consumer is held
+        to while CoDel takes items back from it (``QueueSub.credit``)."""
         return min(self.maximum, self.measured + self.extra)
+
+    @property
+    def full(self) -> int:
+        """The prefetch this consumer gets when CoDel does not hold it: ``value``, or the
+        allowance's ``target_items`` when that is more, at most ``maximum``."""
+        return min(self.maximum, max(self.measured + self.extra, self.target_items))
+
+    @property
+    def allowance(self) -> int:
+        """What the allowance adds to ``value`` (0 where the formula holds more)."""
+        return self.full - self.value
 
     @property
     def round_trip(self) -> float | None:
@@ -169,7 +223,7 @@ class PrefetchEstimator:
     @property
     def limit(self) -> int:
         """Unacknowledged items the consumer may hold now: 1 while probing."""
-        return 1 if self.probe_from else self.value
+        return 1 if self.probe_from else self.full
 
     def on_ack(self, now: float, sent: Sequence[float], starving: bool = False) -> None:
         """An ACK ended the deliveries sent at the times ``sent`` (at least one).
@@ -271,6 +325,7 @@ class PrefetchEstimator:
         p = min(samples) if samples else self.first or math.inf
         paced = self.pace
         self.pace = 0.0
+        before = self.full
         if paced:
             # a starving consumer: its pace bounds its processing time from above
             p = min(p, paced)
@@ -281,6 +336,7 @@ class PrefetchEstimator:
                 self.measured = min(self.maximum, self.value)
                 self.extra = 0
                 self.processing = p
+                self._allow(before)
                 return
         if p == math.inf or p <= 0:
             return
@@ -297,6 +353,33 @@ class PrefetchEstimator:
         elif wanted > self.measured:  # from a pace alone it only grows (a too-high estimate)
             self.extra = max(0, self.extra - (wanted - self.measured))
             self.measured = wanted
+        self._allow(before)
+
+    def _allow(self, before: int) -> None:
+        """The allowance after a measurement: ``target / pace`` items rounded down, what the
+        consumer works through within CoDel's target (so none of it waits longer: CoDel, which
+        takes back what does, leaves it alone), but at most twice ``before``, the whole
+        prefetch before this measurement (slow start: a time per item measured far too small
+        must not hand a consumer hundreds of items at once). Shrinking is immediate: a
+        consumer that slowed down would make those items wait too long.
+
+        The pace is the *median* of the recent samples (the upper one of an even count), not
+        ``processing``, their smallest. The smallest is right for the formula, which must not
+        count the turns of the consumers sharing a process as work (prefetch.py's
+        ``_measure``): erring small there only makes the prefetch smaller. Here erring small
+        makes items wait longer than target, and the others' turns are waiting all the same:
+        measured (bench/queues.py's end-to-end run, 4 consumers ACKing at once on one core, a
+        CPU hog on that core), samples 16-46 µs; the smallest gave 1,000 items, 24-44 ms of
+        waiting, 8-15 REVOKEs a run and some items run twice (a consumer that works through its
+        buffer without yielding reads a REVOKE too late); the median, none in 3 runs. A
+        sample or two that a stall spoiled (high) hardly move the median."""
+        samples = self.samples
+        p = sorted(samples)[len(samples) // 2] if samples else self.processing
+        if not self.target or p <= 0:
+            self.target_items = 0
+            return
+        # SLACK: 0.020 / 0.0001 is 199.99999999999997 in binary floating point
+        self.target_items = min(math.floor(self.target / p + SLACK), 2 * before)
 
     def due_probe(self, now: float) -> bool:
         """Whether the round-trip sample is older than the window and a probe should start."""

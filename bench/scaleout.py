@@ -177,6 +177,8 @@ ALIGN = 0.75
 LATENCY_TARGET_MS = 50.0
 OVERHEAD_TARGET_PCT = 15.0
 SCALE_TARGET = 1.6
+CARRIED_TARGET = 0.5
+SETTLE_TARGET_S = 5.0
 
 
 @dataclass
@@ -837,6 +839,13 @@ def verdict(h: dict[str, Any], args: argparse.Namespace) -> list[str]:
             f"{fmt(h['two_workers_vs_one_measured'], '.2f')}x: {where}, and the load's one core "
             "bounds both maxima: not what two cores would serve",
         ]
+    carried = h["carried_vs_local_per_cpu"]
+    if carried is not None:
+        out.append(
+            f"carried sessions: {carried:.2f}x a local session's deliveries per CPU-second (both "
+            f"nodes counted), median of {h['carried_vs_local_per_cpu_windows']} (target >= "
+            f"{CARRIED_TARGET}: {'met' if carried >= CARRIED_TARGET else 'NOT met'})"
+        )
     return out
 
 
@@ -896,7 +905,9 @@ async def settle(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
         f"{out['deliveries_per_s']:,} deliveries/s, reconnected in {moved_s:.1f} s; every "
         f"client within 100 ms of the publisher again after "
         f"{fmt(out['settle_s'], '.2f')} s (half of them after {fmt(out['settle_p50_s'], '.2f')} s)"
-        + ("" if every else f"; only {done} settled within {SETTLE_LIMIT_S:.0f} s"),
+        + ("" if every else f"; only {done} settled within {SETTLE_LIMIT_S:.0f} s")
+        + f" (target <= {SETTLE_TARGET_S:.0f} s: "
+        + ("met)" if every and times[-1] <= SETTLE_TARGET_S else "NOT met)"),
         flush=True,
     )
     return out

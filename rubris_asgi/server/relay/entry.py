@@ -25,22 +25,35 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ...protocol import Ping, Pong, decode_frame, encode_frame
 from ..direct import DirectSocket
+from ..gateway import Gateway
 from .records import GONE, IN, INS_IN_FLIGHT, READY, Sequence, Window, record
-
-if TYPE_CHECKING:
-    from .relays import Relays
 
 log = logging.getLogger("rubris_asgi")
 
 CLOSE_WAIT = 2.0
 """Seconds a CLOSE waits for the frames before it to be written (then the connection is
 closed without them: the client resumes and is sent them again, or told by a GAP)."""
+
+
+class Entries(Protocol):
+    """What a ``Relay`` needs of the node's relays (``Relays``, which holds the relays: a
+    protocol, not an import, so neither module imports the other)."""
+
+    gateway: Gateway
+    ask_timeout: float
+
+    def tell(self, node: str, data: bytes) -> None: ...
+
+    def acked(self, relay: Relay, n: int) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
 
 
 class Closing:
@@ -59,7 +72,7 @@ class Relay:
 
     def __init__(
         self,
-        relays: Relays,
+        relays: Entries,
         ws: WebSocket,
         direct: DirectSocket | None,
         node: str,

@@ -22,18 +22,32 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from ...engine.buffers import FrameBuffer
 from ...engine.flow import on_write_done
 from ...engine.session import Session, SessionState
 from ...errors import ErrorCode, ProtocolError
 from ...protocol import Goodbye, encode
-from ..gateway import CLOSE_CODES
+from ..gateway import CLOSE_CODES, Gateway
 from .records import FRAME, FRAMES_IN_FLIGHT, INACK, INS_IN_FLIGHT, Sequence, Window, record
 
-if TYPE_CHECKING:
-    from .relays import Relays
+
+class Homes(Protocol):
+    """What a ``RemoteSink`` needs of the node's relays (``Relays``, which holds the sinks: a
+    protocol, not an import, so neither module imports the other)."""
+
+    gateway: Gateway
+    blocked: dict[RemoteSink, None]
+
+    def tell(self, node: str, data: bytes) -> None: ...
+
+    def tell_close(self, node: str, conn: int, code: int, reason: str, last: bytes) -> None: ...
+
+    def forget(self, sink: RemoteSink) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
 
 
 class RemoteSink:
@@ -54,7 +68,7 @@ class RemoteSink:
         "unconfirmed",
     )
 
-    def __init__(self, relays: Relays, session: Session, via: str, conn: int) -> None:
+    def __init__(self, relays: Homes, session: Session, via: str, conn: int) -> None:
         self.relays = relays
         self.session = session
         self.via = via

@@ -589,11 +589,15 @@ def test_who_watches_a_book_and_my_positions(demo: Demo, browser: Browser) -> No
         other_name,
         what="#watching to show both",
     )
-    other.close()  # the other user's only tab: it leaves at once (its UNSUBSCRIBE on pagehide)
+    # the other user's only tab closed as a user closes a tab (its unload handlers run: the
+    # context's close tears the page down without them, and the UNSUBSCRIBE sent on pagehide
+    # was then sometimes dropped with the socket): it leaves at once
+    other_page.close(run_before_unload=True)
     demo.wait(
         "() => document.getElementById('watching').textContent === 'you ×2'",
         what="the other user gone",
     )
+    other.close()
     second_tab.close()
     demo.wait("() => document.getElementById('watching').textContent === 'you'", what="one tab")
 

@@ -157,6 +157,7 @@ def test_a_fixed_prefetch_stays_as_fixed() -> None:
         assert max(per_frame, default=0) <= fixed
 
 
+@pytest.mark.slow  # simulated seconds of a consumer slowing down: about 3 s of CPU
 def test_the_allowance_is_withheld_while_codel_holds_the_consumer() -> None:
     """A cheap consumer holding 200 slows down twentyfold: its items wait far beyond target,
     CoDel takes them back, and from then on (its cap, its ceiling) it gets no more than the

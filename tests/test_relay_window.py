@@ -37,6 +37,7 @@ from .apps import starlette_app
 from .lbkit import Balancer
 from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)
 from .server import run_server
+from .wirekit import until
 
 pytestmark = pytest.mark.redis
 
@@ -45,14 +46,6 @@ pytestmark = pytest.mark.redis
 def url(redis_server: RedisServer) -> str:  # noqa: F811 (the fixture)
     redis_server.flush()
     return redis_server.url
-
-
-async def until(cond: Any, what: str, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not reached in {timeout} s: {what}")
 
 
 def node(url: str, max_blocked: float = 10.0, heartbeat: float = 5.0) -> Rubris:
@@ -85,7 +78,9 @@ async def carried(lb: Balancer, a: Rubris, b: Rubris, c: Client) -> Session:
     """Move ``c`` (connected to A through ``lb``) to B: its session stays on A, carried."""
     lb.route(1)
     lb.cut()
-    await until(lambda: c.stats.reconnects >= 1 and c.state == "open", "resumed through B")
+    await until(
+        lambda: c.stats.reconnects >= 1 and c.state == "open", what=lambda: "resumed through B"
+    )
     assert c.resumed and len(a.relays.homes) == 1 and len(b.relays.entries) == 1
     assert c.session_id is not None
     return a.engine.sessions[c.session_id]
@@ -119,7 +114,9 @@ async def test_a_carried_session_keeps_a_window_of_frames_in_flight_and_loses_no
                     a.publish("feed.x", i)
                     if i % 10 == 0:
                         await a.send(s, "inbox", i // 10)
-                await until(lambda: len(got) == 3000 and len(private) == 300, "all of it", 20)
+                await until(
+                    lambda: len(got) == 3000 and len(private) == 300, 20, what=lambda: "all of it"
+                )
             finally:
                 watcher.cancel()
             assert got == list(range(3000))
@@ -139,7 +136,9 @@ async def test_a_carried_client_that_reads_nothing_is_cut_as_a_slow_consumer(url
         welcome = await first(opened, Welcome)
         await first(opened, Subscribed)
         await opened.close()
-        await until(lambda: a.engine.sessions[welcome.session].sink is None, "detached")
+        await until(
+            lambda: a.engine.sessions[welcome.session].sink is None, what=lambda: "detached"
+        )
         stuck: ClientConnection = await connect(
             ws_b,
             subprotocols=["rubris.v1"],  # type: ignore[list-item]
@@ -157,7 +156,7 @@ async def test_a_carried_client_that_reads_nothing_is_cut_as_a_slow_consumer(url
                     break
                 a.publish("feed.big", big)
                 await asyncio.sleep(0.005)
-            await until(lambda: s.id not in a.engine.sessions, "ended as slow", 10)
+            await until(lambda: s.id not in a.engine.sessions, 10, what=lambda: "ended as slow")
             assert a.engine.telemetry.closed_blocked == 1
             assert not a.relays.homes and not a.relays.blocked
             assert a.engine.pool.stats.in_use_block == 0  # the held frame's lease came back
@@ -176,15 +175,17 @@ async def test_a_lost_stretch_of_the_stream_closes_the_carried_connection_and_it
             await c.subscribe("inbox", lambda v, info: private.append(v))
             s = await carried(lb, a, b, c)
             await a.send(s, "inbox", 0)
-            await until(lambda: private == [0], "the first")
+            await until(lambda: private == [0], what=lambda: "the first")
             sink = a.relays.homes[s.id]
             # a stretch lost: frame n + 1 never arrives, n + 2 does
             a.relays.tell(sink.via, record(FRAME, sink.conn, sink.window.sent + 2, b"junk"))
-            await until(lambda: c.stats.reconnects >= 2 and c.state == "open", "resumed again")
+            await until(
+                lambda: c.stats.reconnects >= 2 and c.state == "open", what=lambda: "resumed again"
+            )
             assert c.resumed
             for i in range(1, 20):
                 await a.send(s, "inbox", i)
-            await until(lambda: len(private) == 20, "the rest")
+            await until(lambda: len(private) == 20, what=lambda: "the rest")
             assert private == list(range(20))
 
 
@@ -205,12 +206,14 @@ async def test_an_entry_node_that_stops_leaves_its_carried_sessions_waiting_for_
                 s = await carried(lb, a, b, c)
                 lb.route(0)
                 await stack.aclose()  # B stops: its connections close, its relays with them
-                await until(lambda: not a.relays.homes, "A's sink let go")
+                await until(lambda: not a.relays.homes, what=lambda: "A's sink let go")
                 for i in range(10):
                     await a.send(s, "inbox", i)  # queued for the session, waiting for it
-                await until(lambda: c.state == "open" and s.sink is not None, "back on A", 10)
+                await until(
+                    lambda: c.state == "open" and s.sink is not None, 10, what=lambda: "back on A"
+                )
                 assert c.resumed and c.session_id == s.id
-                await until(lambda: len(private) == 10, "all of it")
+                await until(lambda: len(private) == 10, what=lambda: "all of it")
                 assert private == list(range(10))
 
 
@@ -227,7 +230,9 @@ async def test_pings_are_answered_where_they_arrive_never_before_an_earlier_answ
         await opened.send(encode_frame([Hello(1, "")]))
         welcome = await first(opened, Welcome)
         await opened.close()
-        await until(lambda: a.engine.sessions[welcome.session].sink is None, "detached")
+        await until(
+            lambda: a.engine.sessions[welcome.session].sink is None, what=lambda: "detached"
+        )
         async with connect(ws_b, subprotocols=["rubris.v1"]) as ws:  # type: ignore[list-item]
             await ws.send(encode_frame([Hello(1, welcome.resume)]))
             assert (await first(ws, Welcome)).resumed
@@ -237,8 +242,10 @@ async def test_pings_are_answered_where_they_arrive_never_before_an_earlier_answ
             answers = [await next_of(ws, (Rejected, Pong)), await next_of(ws, (Rejected, Pong))]
             assert [type(m) for m in answers] == [Rejected, Pong]
             [relay] = b.relays.entries.values()
-            await until(lambda: sink.ins.next == 3 and not relay.ins.outstanding, "confirmed")
-            await until(lambda: not relay.queue and relay.writer is None, "written")
+            await until(
+                lambda: sink.ins.next == 3 and not relay.ins.outstanding, what=lambda: "confirmed"
+            )
+            await until(lambda: not relay.queue and relay.writer is None, what=lambda: "written")
             for token in (8, 9):
                 await ws.send(encode_frame([Ping(token)]))
                 assert (await next_of(ws, (Pong,))).token == token
@@ -256,10 +263,12 @@ async def test_an_entry_that_hears_nothing_from_the_home_ends_its_connections(ur
                 s = await carried(lb, a, b, c)
                 assert a.broker is not None
                 deaf = a.broker.nodes._told.pop("ws")  # type: ignore[attr-defined]
-                await until(lambda: s.sink is None, "the home let go", 6)
-                await until(lambda: not b.relays.entries, "the entry let go", 6)
+                await until(lambda: s.sink is None, 6, what=lambda: "the home let go")
+                await until(lambda: not b.relays.entries, 6, what=lambda: "the entry let go")
                 a.broker.nodes._told["ws"] = deaf  # type: ignore[attr-defined]
-                await until(lambda: c.state == "open" and s.sink is not None, "resumed", 10)
+                await until(
+                    lambda: c.state == "open" and s.sink is not None, 10, what=lambda: "resumed"
+                )
                 assert c.resumed and c.session_id == s.id
 
 

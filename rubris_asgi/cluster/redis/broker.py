@@ -623,6 +623,11 @@ class RedisBroker(Broker):
                 if not isinstance(exc, PoolBusy):  # a wait for a connection: Redis answers
                     self._reader_down = True
                     self.reach.lost("reader", exc)
+                if isinstance(exc, DOWN) and self._redis is not None:
+                    # the idle pooled connections went with the reader's (a Redis restarted
+                    # closes them all): dropped now, so no command after it meets a dead one
+                    with contextlib.suppress(Exception):  # the loop must go on whatever
+                        await self._redis.connection_pool.disconnect(inuse_connections=False)
                 for f in self._following.values():
                     f.state = JOINING  # what comes after the reconnection waits for history
                 await self._close_pubsub()

@@ -57,6 +57,9 @@ ran half-way): retried as for ``DOWN``, and reported as what it is."""
 LIVE = 30.0
 """Seconds since its last heartbeat within which a node counts as live (``live``): past any
 ``node_timeout`` a deployment sets, so a node paused for a while is still asked."""
+REPLY_TRIES = 3
+"""How many times a reply is published on a connection that dies under it (a reply sent twice
+is harmless, a reply lost leaves the asking node waiting for its timeout)."""
 RETRIED = (*DOWN, *REFUSING)
 """What a call to Redis is tried again on, after a pause (``Reach.until_answered``)."""
 
@@ -227,10 +230,21 @@ class RedisNodeLink(NodeLink):
             log.exception("answering %s from node %s", head.get("op"), head.get("from"))
             reply, data = {"error": str(exc) or type(exc).__name__}, b""
         msg = orjson.dumps({**reply, "re": head.get("rid")}) + b"\n" + data
-        try:
-            await self._publish(self.prefix + "n:" + str(head.get("from")), msg)
-        except Exception as exc:  # Redis away: the asking node times out
-            log.warning("cannot reply to node %s: %s", head.get("from"), exc)
+        channel = self.prefix + "n:" + str(head.get("from"))
+        for attempt in range(REPLY_TRIES):
+            try:
+                await self._publish(channel, msg)
+                return
+            except MaybeSent as exc:
+                # the connection died under the PUBLISH (one left from before a Redis restart,
+                # say) and redis-py dropped it: sent again on another, as a reply may be (the
+                # asking node takes the first and ignores the rest)
+                if attempt + 1 < REPLY_TRIES:
+                    continue
+                log.warning("cannot reply to node %s: %s", head.get("from"), exc)
+            except Exception as exc:  # Redis away: the asking node times out
+                log.warning("cannot reply to node %s: %s", head.get("from"), exc)
+                return
 
     def close(self) -> None:
         """Fail what waits for a reply; stop answering."""

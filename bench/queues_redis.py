@@ -4,16 +4,23 @@ Not a test. The end-to-end throughput run of bench/queues.py (its server, bench/
 pinned to core 0; 4 Python consumers in this process on core 1, WebSocket, auto prefetch, CoDel
 on both sides, ACKing each item at once; the server's producer keeps ``--backlog`` items
 waiting), run in alternation without and with ``RUBRIS_REDIS_URL``: with it, every item goes
-through Redis (enqueued in batches by one script, taken for the consumers' free prefetch by
-another, its ACK settled by a third; cluster/redis/queues.py). ``redis-server`` (no
-persistence) runs on core 1 with the load, as in bench/scaleout.py.
+through Redis (enqueued, taken for the consumers' free prefetch and settled at its ACK, all
+three in one script call per round trip; cluster/redis/queues/). ``redis-server`` (append-only
+file, ``appendfsync no``: the queues refuse a Redis that would lose their items) runs on core 1
+with the load, as in bench/scaleout.py.
 
 Figures per configuration, medians of every window of every round: items ACKed per second, the
 server's CPU per item (its process's CPU-seconds over the window / items), and for Redis its
-CPU per item over the whole round (on-CPU time of redis-server / items ACKed).
+CPU per item over the whole round (on-CPU time of redis-server / items ACKed). The rounds
+alternate (alone, Redis, alone, Redis, ...), so that a machine whose speed drifts (other work on
+its cores) weighs on both alike; each round's ratio is printed beside it.
 
 Last line: ``local_items_per_s=X redis_items_per_s=Y server_cpu_per_item_ratio=R
-redis_us_per_item=U`` (R: the node's CPU per item with Redis / alone).
+redis_us_per_item=U queue_redis_vs_local=Q`` (R: the node's CPU per item with Redis / alone;
+Q: Y / X, the medians of the two configurations' windows, target >= 0.8).
+
+Another bench takes the same figures with ``await measure()`` (this bench's defaults, or its
+parsed options), from a process that ``prepare_load`` pinned to the load's core as this one is.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from queues import CONSUMERS, LOAD_CORE, run_throughput  # noqa: E402
 from tests.rediskit import RedisServer  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+URL_ENV = "RUBRIS_REDIS_URL"
+TARGET = 0.8
+"""``queue_redis_vs_local`` aimed at."""
 
 
 def proc_cpu(pid: int) -> float:
@@ -46,15 +56,50 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="alternations of the two")
+    ap.add_argument("--repeats", type=int, default=3, help="windows per round")
+    ap.add_argument("--window", type=float, default=2.0, help="seconds a window")
+    ap.add_argument("--warmup", type=float, default=1.5, help="seconds before the windows")
+    ap.add_argument("--backlog", type=int, default=5000, help="items kept waiting")
+    return ap
+
+
+def throughput_args(args: argparse.Namespace) -> argparse.Namespace:
+    """What bench/queues.py's end-to-end run reads, from this bench's options."""
+    return argparse.Namespace(
+        repeats=args.repeats,
+        e2e_window=args.window,
+        e2e_warmup=args.warmup,
+        e2e_backlog=args.backlog,
+        e2e_prefetch=None,  # the server's estimator
+        quiet_wait=2.0,
+        drain=10.0,
+        rounds=args.rounds,
+        profile=False,
+        window=256,
+    )
+
+
 async def one(args: argparse.Namespace, pin: bool, redis: RedisServer | None) -> dict[str, Any]:
+    """One round: a fresh server, its windows; with ``redis`` its queue kept there."""
+    before = os.environ.get(URL_ENV)
     if redis is not None:
-        os.environ["RUBRIS_REDIS_URL"] = redis.url
+        os.environ[URL_ENV] = redis.url
         assert redis.pid is not None
         cpu0 = proc_cpu(redis.pid)
+    else:
+        os.environ.pop(URL_ENV, None)
     try:
-        out = await run_throughput(args, pin)
+        out = await run_throughput(args, pin, False)
     finally:
-        os.environ.pop("RUBRIS_REDIS_URL", None)
+        if before is None:
+            os.environ.pop(URL_ENV, None)
+        else:
+            os.environ[URL_ENV] = before
     if redis is not None:
         assert redis.pid is not None
         acked = max(int(out["queue"]["acked"]), 1)
@@ -63,7 +108,10 @@ async def one(args: argparse.Namespace, pin: bool, redis: RedisServer | None) ->
     return out
 
 
-async def amain(args: argparse.Namespace, pin: bool) -> dict[str, list[dict[str, Any]]]:
+async def alternate(
+    args: argparse.Namespace, pin: bool, quiet: bool = False
+) -> dict[str, list[dict[str, Any]]]:
+    """``args.rounds`` rounds of each configuration, alone first, in alternation."""
     runs: dict[str, list[dict[str, Any]]] = {"local": [], "redis": []}
     with RedisServer() as redis:
         assert redis.pid is not None
@@ -71,8 +119,12 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, list[dict[str,
             os.sched_setaffinity(redis.pid, {LOAD_CORE})
         for r in range(args.rounds):
             for name in ("local", "redis"):
-                print(f"--- round {r + 1}/{args.rounds}: {name}", flush=True)
+                if not quiet:
+                    print(f"--- round {r + 1}/{args.rounds}: {name}", flush=True)
                 runs[name].append(await one(args, pin, redis if name == "redis" else None))
+            if not quiet:
+                pair = (runs["redis"][-1]["items_per_s"], runs["local"][-1]["items_per_s"])
+                print(f"    round {r + 1}: Redis / alone {pair[0] / max(pair[1], 1):.2f}")
     return runs
 
 
@@ -89,46 +141,58 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The last line's figures, and each configuration's summary."""
+    local, redis = summary(runs["local"]), summary(runs["redis"])
+    return {
+        "local": local,
+        "redis": redis,
+        "local_items_per_s": local["items_per_s"],
+        "redis_items_per_s": redis["items_per_s"],
+        "server_cpu_per_item_ratio": redis["server_us_per_item"] / local["server_us_per_item"],
+        "redis_us_per_item": redis["redis_us_per_item"],
+        "queue_redis_vs_local": redis["items_per_s"] / local["items_per_s"],
+    }
+
+
+async def measure(
+    args: argparse.Namespace | None = None, pin: bool | None = None, quiet: bool = True
+) -> dict[str, Any]:
+    """This bench's figures (``figures``), for another bench to await: ``args`` are this
+    bench's options (None: its defaults), ``pin`` whether the server goes to its own core
+    (None: when this process runs on the load's core alone, as ``prepare_load`` leaves it)."""
+    if args is None:
+        args = parser().parse_args([])
+    if pin is None:
+        pin = hasattr(os, "sched_getaffinity") and os.sched_getaffinity(0) == {LOAD_CORE}
+    return figures(await alternate(throughput_args(args), pin, quiet))
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--rounds", type=int, default=3, help="alternations of the two")
-    ap.add_argument("--repeats", type=int, default=3, help="windows per round")
-    ap.add_argument("--window", type=float, default=2.0, help="seconds a window")
-    ap.add_argument("--warmup", type=float, default=1.5, help="seconds before the windows")
-    ap.add_argument("--backlog", type=int, default=5000, help="items kept waiting")
-    args = ap.parse_args()
-    run_args = argparse.Namespace(
-        repeats=args.repeats,
-        e2e_window=args.window,
-        e2e_warmup=args.warmup,
-        e2e_backlog=args.backlog,
-        quiet_wait=2.0,
-        drain=10.0,
-        rounds=args.rounds,
-    )
+    args = parser().parse_args()
     pin = prepare_load(
         f"queues_redis: cores={os.cpu_count()} python={sys.version.split()[0]}, "
         f"{CONSUMERS} consumers, {args.rounds} rounds of local then Redis"
     )
     started = time.monotonic()
-    runs = uvloop.run(amain(run_args, pin))
-    local, redis = summary(runs["local"]), summary(runs["redis"])
+    out = uvloop.run(measure(args, pin, quiet=False))
     print()
-    for name, s in (("alone", local), ("Redis", redis)):
+    for name, s in (("alone", out["local"]), ("Redis", out["redis"])):
         print(
             f"{name:>6}: {s['items_per_s']:>8,.0f} items/s | node {s['server_us_per_item']:.1f} "
             f"µs CPU an item | Redis {s['redis_us_per_item']:.1f} µs an item | "
             f"lost {s['lost']} | duplicates {s['duplicates']}",
             flush=True,
         )
+    ratio = out["queue_redis_vs_local"]
+    met = "MET" if ratio >= TARGET else "NOT MET"
+    print(f"Redis / alone: {ratio:.2f} (target >= {TARGET}: {met})")
     print(f"done in {time.monotonic() - started:.0f} s", flush=True)
-    ratio = redis["server_us_per_item"] / local["server_us_per_item"]
     print(
-        f"local_items_per_s={local['items_per_s']:.0f} redis_items_per_s="
-        f"{redis['items_per_s']:.0f} server_cpu_per_item_ratio={ratio:.2f} "
-        f"redis_us_per_item={redis['redis_us_per_item']:.1f}",
+        f"local_items_per_s={out['local_items_per_s']:.0f} redis_items_per_s="
+        f"{out['redis_items_per_s']:.0f} server_cpu_per_item_ratio="
+        f"{out['server_cpu_per_item_ratio']:.2f} redis_us_per_item={out['redis_us_per_item']:.1f} "
+        f"queue_redis_vs_local={ratio:.2f}",
         flush=True,
     )
 

@@ -112,13 +112,17 @@ The headline figures:
                             builds the frames, the entry that writes them) over local's, at the
                             fixed rate, paired window by window (target >= 0.5)
     settle_1000_s           the settle run's figure (target <= 5)
+    queue_redis_vs_local    bench/queues_redis.py's figure, from its run here (``--no-queues``
+                            skips it): work-queue items/s end to end with the queue in Redis
+                            over the same node's alone, alternated (target >= 0.8)
 
-    python3 bench/scaleout.py            # about 4 minutes (at most ~6)
+    python3 bench/scaleout.py            # about 5 minutes (at most ~7)
     python3 bench/scaleout.py --quick    # 2 windows each, shorter: about a minute
     python3 bench/scaleout.py --configs local,redis1 --phases fixed --rate 40000
 
 The last lines are one JSON object with every window's figures, then
-``redis_cpu_overhead_pct=X two_workers_vs_one=R carried_vs_local_per_cpu=C settle_1000_s=S``.
+``redis_cpu_overhead_pct=X two_workers_vs_one=R carried_vs_local_per_cpu=C settle_1000_s=S
+queue_redis_vs_local=Q``.
 """
 
 from __future__ import annotations
@@ -164,6 +168,8 @@ from fanout import (  # noqa: E402
     quick_or_full,
     wait_quiet,
 )
+from queues_redis import measure as measure_queues  # noqa: E402
+from queues_redis import parser as queues_parser  # noqa: E402
 
 from tests.rediskit import RedisServer  # noqa: E402
 
@@ -927,8 +933,15 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
                     os.sched_setaffinity(c.redis.pid, {LOAD_CORE})
         await run(configs, args, pin)
     moves = None if args.no_settle else await settle(args, pin)
+    queues = None
+    if not args.no_queues:  # bench/queues_redis.py's alternation (--quick: one round)
+        print("--- queues: one node alone, then its queue in Redis", flush=True)
+        queues = await measure_queues(
+            queues_parser().parse_args(["--rounds", "1"] if args.quick else []), pin
+        )
     head = headline(configs, args)
     head["settle_1000_s"] = None if moves is None else moves["settle_s"]
+    head["queue_redis_vs_local"] = None if queues is None else queues["queue_redis_vs_local"]
     print(table(configs, head, args), flush=True)
     return {
         "bench": "scaleout",
@@ -948,6 +961,7 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
         "noisy_phases": sum(1 for c in configs for r in c.results if noisy(r)),
         "headline": head,
         "settle": moves,
+        "queues": queues,
         "results": [r for c in configs for r in c.results],
     }
 
@@ -981,6 +995,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--no-settle", action="store_true", help="skip the settle measurement (about 15 s)"
+    )
+    ap.add_argument(
+        "--no-queues",
+        action="store_true",
+        help="skip the work-queue run (bench/queues_redis.py's, about a minute)",
     )
     ap.add_argument(
         "--phases", default="fixed,max", help="fixed and/or max (the headline needs both)"
@@ -1041,6 +1060,7 @@ def main() -> None:
                 kv("two_workers_vs_one", 2),
                 kv("carried_vs_local_per_cpu", 2),
                 kv("settle_1000_s", 2),
+                kv("queue_redis_vs_local", 2),
             ]
         ),
         flush=True,

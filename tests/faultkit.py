@@ -49,6 +49,7 @@ import orjson
 import redis as redis_sync
 
 from rubris_asgi.client import Client, GapInfo, PushInfo, QueueItem
+from rubris_asgi.cluster.redis.queues.runs import records_of
 
 from .fault_app import NODE_TIMEOUT, TOKEN
 from .lbkit import Balancer
@@ -712,9 +713,14 @@ def count(
 
 def redis_queue_left(r: redis_sync.Redis) -> int:
     """Items still waiting or in some node's custody in Redis (neither ACKed nor dead)."""
-    left = int(r.llen(f"{PREFIX}q:{QUEUE}"))
+    # a list element is a run of items, a custody field a piece whose marks say which ended
+    left = sum(len(list(records_of(run))) for run in r.lrange(f"{PREFIX}q:{QUEUE}", 0, -1))
     for key in r.scan_iter(match=f"{PREFIX}qh:{QUEUE}:*", count=1000):
-        left += int(r.hlen(key))
+        fields = r.hgetall(key)
+        for name, value in fields.items():
+            if not name.endswith(b"!"):
+                marks = fields.get(name + b"!", b"")
+                left += len(list(records_of(value))) - sum(bin(b).count("1") for b in marks[4:])
     return left
 
 

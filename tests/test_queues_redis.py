@@ -1,4 +1,4 @@
-"""Work-queue topics shared by several nodes through a real Redis (cluster/redis/queues.py).
+"""Work-queue topics shared by several nodes through a real Redis (cluster/redis/queues/).
 
 Each test runs two nodes (two ``Rubris`` with a ``RedisBroker`` on one ``redis-server``, each
 on its own uvicorn server in this loop) and real clients; what is asserted is what a user of
@@ -21,6 +21,8 @@ from redis.asyncio import Redis
 from rubris_asgi import BrokerUnavailable, Config, QueueFull, Rubris, Session, Timing
 from rubris_asgi.client import Client, QueueItem
 from rubris_asgi.cluster import RedisBroker
+from rubris_asgi.cluster.redis.queues.lua import CYCLE
+from rubris_asgi.cluster.redis.queues.runs import records_of, run_of
 
 from .apps import starlette_app
 from .rediskit import RedisServer, redis_server  # noqa: F401 (the fixture)
@@ -76,13 +78,26 @@ async def until(cond: Any, what: str, timeout: float = 10.0) -> None:
 
 
 async def leftovers(url: str, name: str) -> tuple[int, int]:
-    """Items waiting in Redis for ``name``, and items in any node's custody."""
+    """Items waiting in Redis for ``name``, and items in any node's custody that have not
+    ended (what the queue's own count of its items must agree with, too)."""
     redis = Redis.from_url(url)
     try:
-        waiting = await redis.llen(f"rubris:q:{name}")
+        waiting = sum(
+            len(list(records_of(run))) for run in await redis.lrange(f"rubris:q:{name}", 0, -1)
+        )
+        assert int(await redis.get(f"rubris:ql:{name}") or 0) == waiting
         held = 0
         async for key in redis.scan_iter(f"rubris:qh:{name}:*"):
-            held += await redis.hlen(key)
+            fields = await redis.hgetall(key)
+            for field, value in fields.items():
+                if field.endswith(b"!"):
+                    continue
+                count = len(list(records_of(value)))
+                marks = fields.get(field + b"!", b"")
+                ended = sum(bin(b).count("1") for b in marks[4:])
+                held += count - ended
+            # no marks without their piece
+            assert all(f[:-1] in fields for f in fields if f.endswith(b"!")), fields
         return waiting, held
     finally:
         await redis.aclose()
@@ -386,14 +401,19 @@ async def test_items_held_for_a_node_that_does_not_know_them_go_back(url: str) -
         await until(lambda: a.queue_stats("jobs.audit").enqueued == 1, "in Redis")
         broker = a.broker
         assert isinstance(broker, RedisBroker)
-        await until(lambda: broker.queues._audited > 0, "A's first audit, at its first beat")
+        queues = broker.queues
+        await until(  # the first audit, at the first beat, in the call after it: done
+            lambda: queues._audited > 0 and not queues._audit and not queues.calling,
+            "A's first audit",
+        )
         redis = Redis.from_url(url)
-        try:  # as a lost take would: the item moved into A's custody, A never told
-            record = await redis.lpop("rubris:q:jobs.audit")
-            assert record is not None
-            key = record.split(b":")[2]
-            await redis.hset(f"rubris:qh:jobs.audit:{broker.node}", key, record)
-            await redis.sadd(f"rubris:qn:{broker.node}", "jobs.audit")
+        try:  # a take of A's whose answer was lost: the item moved into A's custody, A never told
+            cycle = redis.register_script(CYCLE)
+            answer = await cycle(
+                args=["rubris:", broker.node, "lost", 0, 0, 0, 0, 1, "0", "jobs.audit", 1, 1]
+            )
+            assert int(answer[-3]) == 1  # one piece taken
+            assert await leftovers(url, "jobs.audit") == (0, 1)
         finally:
             await redis.aclose()
         async with Client(url_b) as c:
@@ -412,7 +432,9 @@ async def test_no_node_is_taken_for_dead_for_a_silence_that_was_redis_own(url: s
     nobody at all beat meanwhile: then Redis was not answering (stalled, restarting) and every
     node gets a whole lapse from now. Measured before: an item ACKed during a 12 s Redis stall
     was delivered again, its node's custody reclaimed by the first other node to beat."""
-    from rubris_asgi.cluster.redis.queues_lua import BEAT
+    from rubris_asgi.cluster.redis.queues.lua import BEAT
+
+    record = b"0:1:a.1:0:\npayload"
 
     redis = Redis.from_url(url)
     try:
@@ -420,13 +442,15 @@ async def test_no_node_is_taken_for_dead_for_a_silence_that_was_redis_own(url: s
         sec, usec = await redis.time()
         now = sec * 1000 + usec // 1000
         await redis.zadd("rubris:nodes", {"a": now - 10_000, "b": now - 10_000})
-        await redis.hset("rubris:qh:jobs.x:a", "a.1", b"0:1:a.1:0:\npayload")
+        piece = {"1.1": run_of([record]), "1.1!": b"\x00\x01\x00\x00\x00"}  # 1 item, 0 ended
+        await redis.hset("rubris:qh:jobs.x:a", mapping=piece)
         await redis.sadd("rubris:qn:a", "jobs.x")
         await redis.set("rubris:beat", now - 10_000)  # nobody beat for 10 s: Redis was away
         answer = await beat(args=["rubris:", "b", 3000, "0", 1500])
         assert int(answer[0]) == 0  # nothing reclaimed
         assert await redis.zscore("rubris:nodes", "a") is not None
-        assert await redis.hlen("rubris:qh:jobs.x:a") == 1
+        assert await redis.hlen("rubris:qh:jobs.x:a") == 2  # the piece and its marks, as they were
+        assert await redis.hget("rubris:qh:jobs.x:a", "1.1") == run_of([record])
         # a is silent again past the lapse while b beats: a really is gone
         sec, usec = await redis.time()
         now = sec * 1000 + usec // 1000
@@ -435,7 +459,9 @@ async def test_no_node_is_taken_for_dead_for_a_silence_that_was_redis_own(url: s
         answer = await beat(args=["rubris:", "b", 3000, "0", 1500])
         assert int(answer[0]) == 1
         assert await redis.zscore("rubris:nodes", "a") is None
-        assert await redis.lrange("rubris:q:jobs.x", 0, -1) == [b"1:2:a.1:0:\npayload"]
+        assert await redis.lrange("rubris:q:jobs.x", 0, -1) == [run_of([b"1:2:a.1:0:\npayload"])]
+        assert await redis.get("rubris:ql:jobs.x") == b"1"
+        assert await redis.hlen("rubris:qh:jobs.x:a") == 0
     finally:
         await redis.aclose()
 
@@ -492,7 +518,7 @@ async def test_an_ack_that_races_its_revoke_settles_the_item_in_redis(url: str, 
             sub = next(iter(q.consumers))
             broker = a.broker
             assert isinstance(broker, RedisBroker)
-            await until(lambda: not broker.queues._settles, "quiet")
+            await until(lambda: broker.queues.settled, "quiet")
             if not sent:
                 broker.queues._wake.clear()
                 writer = broker.queues._tasks[0]
@@ -511,5 +537,5 @@ async def test_an_ack_that_races_its_revoke_settles_the_item_in_redis(url: str, 
             await until(lambda: a.queue_stats("jobs.race").acked == 3, "acked")
             with pytest.raises(asyncio.TimeoutError):
                 await k.get(timeout=0.5)  # never delivered again
-            await until(lambda: not broker.queues._settles, "settled in Redis")
+            await until(lambda: broker.queues.settled, "settled in Redis")
     assert await leftovers(url, "jobs.race") == (0, 0)

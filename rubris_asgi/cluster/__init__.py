@@ -7,7 +7,7 @@
   ``broker`` (``RedisBroker``: topics numbered and kept in Redis, heard through pub/sub) and its
   Lua (``broker_lua``), ``nodes`` (requests between nodes), ``pool`` (the capped connection
   pool every Redis client of a node waits on, ``PoolBusy``), ``persistence`` (Redis's
-  persistence read at start; ``RedisNotDurable``), ``queues`` and ``queues_lua`` (work-queue
+  persistence read at start; ``RedisNotDurable``), ``queues/`` (work-queue
   topics kept in Redis), ``batch_store`` (``RedisBatchStore``).
 """
 

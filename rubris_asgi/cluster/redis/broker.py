@@ -27,7 +27,7 @@ missed. A topic Redis lost (restarted without persistence) comes back under a ne
 subscribers get UNSUBSCRIBED 11 and subscribe again, recovered=0.
 
 **Work queues.** Queue topics keep their waiting items in the same Redis, for the consumers
-of every node: queues.py.
+of every node: queues/
 
 **Keyed topics and presence.** A keyed topic's table is kept in the same Redis and changed
 through an outbox of its own (tables.py; its channel and its follow are the ones above, heard
@@ -77,7 +77,7 @@ from .pool import (
     startup_error,
 )
 from .presence import RedisPresence
-from .queues import RedisQueues
+from .queues.home import RedisQueues
 from .reach import RETRY, Reach, end_if_cancelled
 from .replicas import Replicas
 from .tables import RedisTables
@@ -106,7 +106,7 @@ class RedisBroker(Broker):
             send (the HTTP API, clients' PUBLISH) waits in the intake rather than fill it.
         connect_timeout: seconds ``start`` waits for Redis before it fails.
         node_timeout: seconds a node may miss its heartbeat before the others take it for
-            dead and give the queue items it held back to their queues (queues.py).
+            dead and give the queue items it held back to their queues (queues/).
         max_connections: connections to Redis this node opens at most (one is its
             subscriber); a command waits for a free one. Each costs Redis a client (its
             ``maxclients`` is 10,000 by default): nodes times this must stay below it.
@@ -186,7 +186,7 @@ class RedisBroker(Broker):
         self._listening: dict[bytes, Callable[[bytes], None]] = {}
         """Channels heard besides the topics' and the node's: the queues' lengths."""
         self.queues = RedisQueues(self, node_timeout)
-        """Work-queue topics kept in Redis (queues.py)."""
+        """Work-queue topics kept in Redis (queues/)."""
         self.tables = RedisTables(self, self._following, outbox_messages, outbox_bytes, app_share)
         """Keyed topics kept in Redis (tables.py)."""
         self.presence = RedisPresence(self, node_timeout)

@@ -182,7 +182,7 @@ class RedisNodeLink(NodeLink):
         ]
 
     async def silent(self, node: str, seconds: float) -> bool:
-        """Whether ``node``'s last heartbeat (``P seen``, written by queues.py's ``BEAT`` and
+        """Whether ``node``'s last heartbeat (``P seen``, written by queues/lua.py's ``BEAT`` and
         kept a day, also past the node being taken for dead) is older than ``seconds`` by
         Redis's clock, or missing (it left, or never was). Raises what Redis raises."""
         pipe = self._client().pipeline(transaction=False)

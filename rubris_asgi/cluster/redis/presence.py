@@ -11,7 +11,7 @@ two batches costs nothing; a burst of 1,000 joins is a few script calls.
 Counts written whole make every write idempotent: a batch sent again counts the same, and a
 node whose counts Redis lost (restarted without its data, or swept as dead while it was only
 paused) writes everything it holds again (*registers*) and is exact again. A node found dead
-(its heartbeat, queues.py's ``BEAT``, older than ``node_timeout`` less a beat) has its counts
+(its heartbeat, queues/lua.py's ``BEAT``, older than ``node_timeout`` less a beat) has its counts
 taken away by whichever node sweeps first (``presence_lua.SWEEP``, every beat on each node):
 its members are gone within ``node_timeout`` of its last heartbeat, so of its death. A node
 that stops takes its own away. A resume is not a leave: the session keeps its subscriptions
@@ -39,7 +39,7 @@ from ...engine.topics import new_epoch
 from ...errors import BrokerUnavailable
 from . import presence_lua
 from .nodes import RETRIED
-from .queues import BEAT
+from .queues.home import BEAT
 from .reach import Reach, end_if_cancelled
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class RedisPresence:
         # a heartbeat older than this is a dead node's: a beat less than the queues' lapse,
         # so that its members are gone within node_timeout of its death, swept once a beat
         self.lapse_ms = str(int((node_timeout - BEAT) * 1000))
-        # as queues.py's: nobody at all beat for this long, Redis itself was away
+        # as queues/lua.py's: nobody at all beat for this long, Redis itself was away
         self.pause_ms = str(int(min(node_timeout / 2, 2.5 * BEAT) * 1000))
         self.counts: dict[str, dict[str, list[Any]]] = {}
         """topic → member → [this node's sessions of it, its info as JSON]."""

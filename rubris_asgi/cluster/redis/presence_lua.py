@@ -17,7 +17,7 @@ Keys, for the prefix ``P``, a watched topic ``TOPIC`` and a node ``NODE``:
   ``{"sessions": n, "info": …}``; ``TOPIC@count``: a snapshot topic (broker_lua.py's keys),
   ``{"members": m, "sessions": s}``.
 
-A node is dead, for presence as for work queues (queues_lua.BEAT), when its heartbeat in
+A node is dead, for presence as for work queues (queues/lua.py's BEAT), when its heartbeat in
 ``P nodes`` is older than the lapse (or gone: another node found it dead), unless nobody at all
 beat for longer than the pause (``P beat``): then Redis itself was away. Whoever sweeps first
 takes its counts away.
@@ -209,7 +209,7 @@ if #ARGV >= 9 then redis.call('PEXPIRE', P .. 'pnt:' .. node, ttl) end
 return out
 """
 )
-"""ARGV: prefix, node, the lapse and the pause (ms, as queues_lua.BEAT's), ttl ms, the epoch
+"""ARGV: prefix, node, the lapse and the pause (ms, as queues/lua.py's BEAT's), ttl ms, the epoch
 for a topic Redis does not know, the tombstone window ms, ``max_keys``, then the topics whose
 keys to keep (refreshed). Takes the counts of every dead node away (``BUDGET`` members a call
 at most); answers whether this node is registered (1), is not (0: it must register), or is not

@@ -10,7 +10,7 @@ Memory is bounded: ``max_length`` waiting items, plus at most the prefetch of ea
 Given-back items are never refused, so the waiting count may pass ``max_length`` by what the
 consumers held; new items are refused until it is back under.
 
-With a *home* (``QueueHome``: cluster/redis/queues.py), the waiting items live there, shared by
+With a *home* (``QueueHome``: cluster/redis/queues/), the waiting items live there, shared by
 every node: ``put`` sends a new item home, ``ready`` holds only what this node took for its
 consumers' free prefetch, and an item leaves this node's custody through ``settle`` (ACKed,
 given back to the head, dead-lettered or dropped). Alone, ``home`` is None and nothing of this

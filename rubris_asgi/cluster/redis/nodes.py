@@ -28,14 +28,15 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
+    ClusterDownError,
     MasterDownError,
     OutOfMemoryError,
     ReadOnlyError,
     ResponseError,
     TryAgainError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...errors import BrokerUnavailable
@@ -49,11 +50,12 @@ DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
 through). Not ``OSError`` as a whole: since Python 3.11 ``asyncio.TimeoutError`` is the
 builtin ``TimeoutError``, an ``OSError``, and a wait of ours that timed out (a reply from
 another node) is no sign that Redis is away."""
-REFUSING = (OutOfMemoryError, ReadOnlyError, MasterDownError, TryAgainError)
+REFUSING = (OutOfMemoryError, ReadOnlyError, MasterDownError, TryAgainError, ClusterDownError)
 """What a Redis that answers but takes no writes for now raises: out of memory under
 ``maxmemory-policy noeviction``, a replica (the master failed over), a replica cut off from its
-master, a busy key. Nothing was written (Redis refuses a script at its first write, so none
-ran half-way): retried as for ``DOWN``, and reported as what it is."""
+master, a busy key, a Redis Cluster that serves no master for the slot (``CLUSTERDOWN``,
+redis-py 8's ``ClusterDownError``). Nothing was written (Redis refuses a script at its first
+write, so none ran half-way): retried as for ``DOWN``, and reported as what it is."""
 LIVE = 30.0
 """Seconds since its last heartbeat within which a node counts as live (``live``): past any
 ``node_timeout`` a deployment sets, so a node paused for a while is still asked."""

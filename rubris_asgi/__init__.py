@@ -5,8 +5,9 @@ outbound buffers and lossless private queues. See docs/ for the guide.
 
 The public names load on first use (PEP 562): ``import rubris_asgi.client`` (a worker process,
 a Spark executor) loads the wire and the client, never Starlette, uvicorn or the server's
-modules; ``from rubris_asgi import Rubris`` loads the server. ``RedisBroker`` (the ``redis``
-extra) loads redis-py only when it is asked for: an app alone on one node never imports it.
+modules; ``from rubris_asgi import Rubris`` loads the server. ``RedisBroker`` and
+``RedisClusterBroker`` (the ``redis`` extra) load redis-py only when asked for: an app alone
+on one node never imports it.
 """
 
 import typing as _typing
@@ -15,6 +16,7 @@ from importlib import import_module as _import_module
 if _typing.TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .app import Rubris
     from .cluster.redis.broker import RedisBroker
+    from .cluster.redis.shards.broker import RedisClusterBroker
     from .config import BatchConfig, Config, FlowConfig, Limits, PoolConfig, Timing, WriterConfig
     from .engine.session import Session
     from .errors import (
@@ -43,6 +45,7 @@ __version__ = "0.1.0"
 _HOME = {
     "Rubris": ".app",
     "RedisBroker": ".cluster.redis.broker",
+    "RedisClusterBroker": ".cluster.redis.shards.broker",
     "RubrisMiddleware": ".middleware",
     "Server": ".serving",
     "serve": ".serving",
@@ -115,6 +118,7 @@ __all__ = [
     "ProtocolError",
     "QueueFull",
     "RedisBroker",
+    "RedisClusterBroker",
     "RegistrationClosed",
     "Reject",
     "Rubris",

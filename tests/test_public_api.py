@@ -8,7 +8,7 @@ from importlib.util import find_spec
 
 import rubris_asgi
 
-NEEDS_REDIS = {"RedisBroker"}
+NEEDS_REDIS = {"RedisBroker", "RedisClusterBroker"}
 """Public names of the ``redis`` extra: they load redis-py when asked for."""
 
 

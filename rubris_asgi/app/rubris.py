@@ -134,6 +134,12 @@ class Rubris(_Publishing, _Tables):
         """Where shared publishes are numbered: this process (``LocalBroker``) or Redis."""
         if batches is True and cluster.batch_store is not None:  # every node sees every batch
             batches = cluster.batch_store
+        elif batches is True and cluster.broker.distributed:
+            raise ValueError(
+                "batches=True (the default) needs a batch store every node shares, which "
+                "this broker has not (a Redis Cluster keeps no batches yet): pass "
+                "batches=False, or batches=RedisBatchStore(url) on a standalone Redis"
+            )
         self._batches = Batches.from_spec(batches, config)
         self.engine = Engine(
             config,
@@ -401,6 +407,18 @@ class Rubris(_Publishing, _Tables):
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def _needs(self) -> set[str]:
+        """What the registered channels ask of the broker (``cluster.base.KINDS``)."""
+        needs = set()
+        for ch in self.registry.channels:
+            if ch.mode == Mode.QUEUE:
+                needs.add("work-queue topics")
+            elif ch.mode == Mode.KEYED:
+                needs.add("keyed topics")
+            if ch.presence is not None:
+                needs.add("presence")
+        return needs
+
     async def start(self) -> None:
         """Freeze registration and start the scheduler and housekeeping tasks.
 
@@ -421,6 +439,13 @@ class Rubris(_Publishing, _Tables):
                 )
             if any(ch.mode == Mode.QUEUE for ch in self.registry.channels):
                 self.broker.holds("work-queue items")  # a Redis that could lose them fails here
+            lacking = self.broker.lacks(self._needs())
+            if lacking:
+                raise StartupError(
+                    f"the broker keeps no {' or '.join(sorted(lacking))} for several nodes "
+                    f"({type(self.broker).__name__}): give the app a Redis or Sentinel URL, "
+                    "or leave those channels out"
+                )
             membership = await self.broker.start(self.engine)  # first: one out of reach fails
             if self._batches is not None:
                 try:  # before anything runs: a store that cannot open leaves nothing to undo

@@ -48,6 +48,12 @@ def broker_from(spec: Broker | str | None) -> Broker:
     url = spec if spec is not None else os.environ.get(ENV, "")
     if not url:
         return LocalBroker()
+    from .redis.shards.address import is_cluster_url
+
+    if is_cluster_url(url):
+        from .redis.shards.broker import RedisClusterBroker
+
+        return RedisClusterBroker(url)
     from .redis.broker import RedisBroker
 
     return RedisBroker(url)
@@ -79,8 +85,9 @@ def cluster_from(spec: Broker | str | None) -> Cluster:
     store: BatchStore | None = None
     if broker.distributed:
         from .redis.broker import RedisBroker
+        from .redis.shards.broker import RedisClusterBroker
 
-        if isinstance(broker, RedisBroker):
+        if isinstance(broker, RedisBroker) and not isinstance(broker, RedisClusterBroker):
             from .redis.batch_store import RedisBatchStore
 
             store = RedisBatchStore(
@@ -101,6 +108,10 @@ def __getattr__(name: str) -> Any:
         from .redis.broker import RedisBroker
 
         return RedisBroker
+    if name == "RedisClusterBroker":
+        from .redis.shards.broker import RedisClusterBroker
+
+        return RedisClusterBroker
     if name == "RedisBatchStore":
         from .redis.batch_store import RedisBatchStore
 

@@ -103,6 +103,10 @@ class BrokerStats:
     """Presence counts of this node waiting to be written to the broker now."""
 
 
+KINDS = ("work-queue topics", "keyed topics", "presence")
+"""What an app's channels may ask of a broker besides shared topics (``Broker.lacks``)."""
+
+
 class Broker:
     """The base class of brokers; also what a broker must do, method by method."""
 
@@ -120,6 +124,13 @@ class Broker:
     def holds(self, what: str) -> None:
         """Told before ``start`` that ``what`` (work-queue items) will be kept through this
         broker: one that could lose it refuses to start. Alone, nothing is kept elsewhere."""
+
+    def lacks(self, needs: set[str]) -> set[str]:
+        """Of ``needs`` (``KINDS``: what the app's channels ask of it), what this broker cannot
+        keep for several nodes: the app refuses to start with them (``Rubris.start``) rather
+        than keep them on each node alone. Every broker here keeps everything but the Redis
+        Cluster one, which keeps shared topics and private messages so far."""
+        return set()
 
     async def start(self, events: EngineEvents) -> Membership | None:
         """Connect (raise ``BrokerUnavailable`` if that fails) and start hearing; what the
@@ -143,10 +154,12 @@ class Broker:
         """Whether ``messages`` publishes of ``nbytes`` would be taken now, all of them."""
         return True
 
-    def unavailable(self) -> str | None:
+    def unavailable(self, name: str | None = None) -> str | None:
         """Why the broker takes no publishes or items now (Redis unreachable, or refusing
         writes), or None when it does: what the HTTP API's 503 and a REJECTED 6 say. What
-        the intake takes while it does is kept until the broker can take it."""
+        the intake takes while it does is kept until the broker can take it. With ``name``,
+        for that topic (a Redis Cluster's broker refuses only the topics of a master that
+        is away)."""
         return None
 
     async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:

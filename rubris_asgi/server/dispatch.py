@@ -304,7 +304,7 @@ class Dispatcher:
         except (ProtocolError, MessageTooLarge) as exc:
             e.reject(s, m.req, exc.code, str(exc))
             return
-        down = self.broker.unavailable()
+        down = self.broker.unavailable(t.name)
         if down is not None:
             e.reject(s, m.req, ErrorCode.TOO_MANY, down)
         elif not e.offer([(t, payload)], s):

@@ -89,7 +89,7 @@ IDLE_FOLLOW = 30.0
 REFRESH = 60.0
 """Seconds between refreshes of the followed topics' expiry in Redis."""
 
-_CONDITION: dict[int, int] = {Relayed.FIRST: 1, Relayed.IF_FOLLOWED: 2}
+CONDITION: dict[int, int] = {Relayed.FIRST: 1, Relayed.IF_FOLLOWED: 2}
 """The publish script's condition for each kind of relayed publish (broker_lua.PUBLISH)."""
 
 
@@ -313,7 +313,7 @@ class RedisBroker(Broker):
     def accepting(self, messages: int, nbytes: int) -> bool:
         return self.reach.up and self.outbox.room(messages, nbytes)
 
-    def unavailable(self) -> str | None:
+    def unavailable(self, name: str | None = None) -> str | None:
         return None if self.reach.up else self.reach.reason or "Redis is unreachable"
 
     def relay(self, topic: SharedTopic, payload: bytes, compressed: bool, how: int) -> int:
@@ -324,7 +324,7 @@ class RedisBroker(Broker):
                 raise Backlogged
         elif not self.accepting(1, len(payload)):
             self.outbox.refuse(self.unavailable(), 1)
-        self.outbox.put(Entry(topic, payload, compressed, _CONDITION.get(how, 0), None))
+        self.outbox.put(Entry(topic, payload, compressed, CONDITION.get(how, 0), None))
         return 0
 
     async def numbered(self, topic: SharedTopic, payload: bytes, compressed: bool) -> int:
@@ -339,12 +339,9 @@ class RedisBroker(Broker):
 
     async def _send(self, batch: Sequence[Entry], batch_id: str) -> list[int]:
         """One script call numbering ``batch``, retried under the same id until Redis answers."""
-        args: list[Any] = [self.prefix, self.ttl_ms, str(new_epoch()), batch_id]
-        for e in batch:
-            t = e.topic
-            args += [t.name, int(t.mode), t.cap, e.cond, int(e.compressed), e.payload]
+        args, keys = publish_call(self.prefix, self.ttl_ms, batch, batch_id)
         seqs: list[int] = await self.reach.until_answered(
-            lambda: self._publish_script(args=args), "writer"
+            lambda: self._publish_script(keys=keys, args=args), "writer"
         )
         return seqs
 
@@ -405,17 +402,20 @@ class RedisBroker(Broker):
             await self.tables.catch_up(keyed)
             follows = [f for f in follows if f.topic.mode != KEYED]
         while follows:
-            args: list[Any] = [self.prefix, self.ttl_ms, str(new_epoch())]
             for f in follows:
-                t = f.topic
                 f.state = JOINING
-                args += [t.name, int(t.mode), str(t.epoch), t.seq]
-            answers = await self._history_script(args=args)
+            answers = await self._history(follows)
             again = []
             for f, answer in zip(follows, answers, strict=True):
                 if not self._settle(f, answer):
                     again.append(f)
             follows = again
+
+    async def _history(self, follows: Sequence[Follow]) -> list[list[Any]]:
+        """Each topic's state in Redis after what ``follows`` hold (``broker_lua.HISTORY``)."""
+        args, keys = history_call(self.prefix, self.ttl_ms, follows)
+        answers: list[list[Any]] = await self._history_script(keys=keys, args=args)
+        return answers
 
     def _settle(self, f: Follow, answer: list[Any]) -> bool:
         """Store what the history answered, then what was held; False if a hole remains."""
@@ -458,7 +458,7 @@ class RedisBroker(Broker):
 
     def _heard(self, channel: bytes, data: bytes) -> None:
         """One message on a followed topic's channel."""
-        f = self._following.get(channel[len(self._channel) :].decode())
+        f = self._following.get(self._topic_of(channel))
         if f is None:
             return  # unfollowed meanwhile
         if f.topic.mode == KEYED:
@@ -489,6 +489,10 @@ class RedisBroker(Broker):
         f.state = JOINING
         self.background(self.repair(f))
 
+    def _topic_of(self, channel: bytes) -> str:
+        """The name of the topic whose channel is ``channel`` (``P c:NAME``)."""
+        return channel[len(self._channel) :].decode()
+
     @staticmethod
     def _renumbered(t: SharedTopic, seq: int, payload: bytes, compressed: bool) -> bool:
         """A message of ``t``'s epoch at or below its head: the same bytes as held under that
@@ -515,10 +519,7 @@ class RedisBroker(Broker):
         old = t.epoch
         try:
             epoch = await self.reach.until_answered(
-                lambda: self._renumber_script(
-                    args=[self.prefix, t.name, str(old), str(new_epoch())]
-                ),
-                "reader",
+                lambda: self._renumber_call(t, old, str(new_epoch())), "reader"
             )
         except Exception:
             end_if_cancelled()
@@ -531,6 +532,12 @@ class RedisBroker(Broker):
             self._restart(t, int(epoch))
         f.held.clear()
         await self._catch_up_patiently([f])
+
+    async def _renumber_call(self, t: SharedTopic, old: int, epoch: str) -> Any:
+        """``broker_lua.RENUMBER`` of ``t`` found renumbered under ``old``."""
+        return await self._renumber_script(
+            keys=topic_keys(self.prefix, t), args=[self.prefix, t.name, str(old), epoch]
+        )
 
     def _store(self, t: SharedTopic, seq: int, payload: bytes, compressed: bool) -> None:
         engine = self._events
@@ -667,7 +674,7 @@ class RedisBroker(Broker):
                 gone.append(name)
         for name in gone:
             del self._following[name]
-        if self._pubsub is None or self._reader_down:
+        if not self._hearing:
             return
         if gone:
             self.background(self._quietly(self._unfollow(gone)))
@@ -678,6 +685,11 @@ class RedisBroker(Broker):
             self._refreshed = now
             live = [f for f in self._following.values() if f.state == LIVE]
             self.background(self._quietly(self._catch_up_patiently(live)))
+
+    @property
+    def _hearing(self) -> bool:
+        """Whether the subscriber connection is up (else the reconnection follows again)."""
+        return self._pubsub is not None and not self._reader_down
 
     async def _unfollow(self, names: list[str]) -> None:
         ps = self._pubsub
@@ -709,3 +721,39 @@ class RedisBroker(Broker):
         c.items_reclaimed = self.queues.reclaimed
         c.forfeits = self.queues.forfeited
         return c
+
+
+def topic_keys(prefix: str, t: SharedTopic) -> list[str]:
+    """The keys of topic ``t`` under ``prefix`` that the scripts may touch (broker_lua.py):
+    declared to Redis, which on a cluster routes a script by them and, while their slot
+    moves, runs it only where all of them are (an undeclared key may be missing there)."""
+    keys = [prefix + "t:" + t.name]
+    if t.mode == RING:
+        keys.append(prefix + "r:" + t.name)
+    return keys
+
+
+def publish_call(
+    prefix: str, ttl_ms: str, batch: Sequence[Entry], batch_id: str
+) -> tuple[list[Any], list[str]]:
+    """``broker_lua.PUBLISH``'s arguments and keys for ``batch`` under ``prefix``."""
+    args: list[Any] = [prefix, ttl_ms, str(new_epoch()), batch_id]
+    keys = {prefix + "b:" + batch_id: None}
+    for e in batch:
+        t = e.topic
+        args += [t.name, int(t.mode), t.cap, e.cond, int(e.compressed), e.payload]
+        keys.update(dict.fromkeys(topic_keys(prefix, t)))
+    return args, list(keys)
+
+
+def history_call(
+    prefix: str, ttl_ms: str, follows: Sequence[Follow]
+) -> tuple[list[Any], list[str]]:
+    """``broker_lua.HISTORY``'s arguments and keys for ``follows`` under ``prefix``."""
+    args: list[Any] = [prefix, ttl_ms, str(new_epoch())]
+    keys: dict[str, None] = {}
+    for f in follows:
+        t = f.topic
+        args += [t.name, int(t.mode), str(t.epoch), t.seq]
+        keys.update(dict.fromkeys(topic_keys(prefix, t)))
+    return args, list(keys)

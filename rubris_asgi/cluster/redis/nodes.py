@@ -81,7 +81,7 @@ class RedisNodeLink(NodeLink):
         or None."""
         super().__init__(node)
         self.prefix = prefix
-        self.channel = (prefix + "n:" + node).encode()
+        self.channel = self.channel_of(node).encode()
         self._client = client
         self._unavailable = unavailable
         self._handlers: dict[str, Handler] = {}
@@ -89,7 +89,7 @@ class RedisNodeLink(NodeLink):
         self._rids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._told: dict[str, Told] = {}
-        self.tells = Tells(prefix, node, client, unavailable)
+        self.tells = Tells(node, self.channel_of, client, unavailable)
 
     def on(self, op: str, handler: Handler) -> None:
         """Answer requests ``op`` with ``handler(head, body) -> (head, body)``."""
@@ -123,7 +123,7 @@ class RedisNodeLink(NodeLink):
         self._asks[rid] = fut
         try:
             msg = orjson.dumps({**head, "op": op, "rid": rid, "from": self.node}) + b"\n" + body
-            if not await self._publish(self.prefix + "n:" + node, msg):
+            if not await self._publish(node, msg):
                 raise NodeGone(f"node {node} is not listening")
             try:
                 reply, data = await asyncio.wait_for(fut, timeout)
@@ -135,8 +135,12 @@ class RedisNodeLink(NodeLink):
             raise RuntimeError(f"node {node} failed {op}: {reply['error']}")
         return reply, data
 
-    async def _publish(self, channel: str, message: bytes) -> int:
-        """PUBLISH a message to another node (a request or a reply); how many received it.
+    def channel_of(self, node: str) -> str:
+        """The channel ``node`` listens on (``P n:NODE``)."""
+        return self.prefix + "n:" + node
+
+    async def _publish(self, node: str, message: bytes) -> int:
+        """PUBLISH a message to ``node`` (a request or a reply); how many received it.
 
         On a connection taken here rather than by ``Redis.publish``, so that a failure says how
         far the message went (``Rubris.send_to`` must not call a message that was passed on
@@ -158,7 +162,8 @@ class RedisNodeLink(NodeLink):
                 raise BrokerUnavailable(f"Redis is unreachable: {exc}") from exc
             try:  # redis-py disconnects the connection itself when this fails or is cancelled
                 await conn.send_packed_command(
-                    conn.pack_command("PUBLISH", channel, message), check_health=False
+                    conn.pack_command("PUBLISH", self.channel_of(node), message),
+                    check_health=False,
                 )
                 receivers = await conn.read_response()
             except ResponseError as exc:  # refused (an ACL, say): published to nobody
@@ -232,10 +237,10 @@ class RedisNodeLink(NodeLink):
             log.exception("answering %s from node %s", head.get("op"), head.get("from"))
             reply, data = {"error": str(exc) or type(exc).__name__}, b""
         msg = orjson.dumps({**reply, "re": head.get("rid")}) + b"\n" + data
-        channel = self.prefix + "n:" + str(head.get("from"))
+        asking = str(head.get("from"))
         for attempt in range(REPLY_TRIES):
             try:
-                await self._publish(channel, msg)
+                await self._publish(asking, msg)
                 return
             except MaybeSent as exc:
                 # the connection died under the PUBLISH (one left from before a Redis restart,

@@ -84,12 +84,12 @@ class Outbox:
 
     def room(self, messages: int, nbytes: int) -> bool:
         """Whether ``messages`` publishes of ``nbytes`` fit, all of them."""
-        return len(self.entries) + messages <= self.messages and self.size + nbytes <= self.nbytes
+        return len(self) + messages <= self.messages and self.size + nbytes <= self.nbytes
 
     def room_for_taken(self, nbytes: int) -> bool:
         """Whether a message the intake took (``nbytes`` of payload) fits in the outside
         publishers' part; when not, the intake is marked waiting for room."""
-        if len(self.entries) < self.taken_messages and self.size + nbytes <= self.taken_bytes:
+        if len(self) < self.taken_messages and self.size + nbytes <= self.taken_bytes:
             return True
         self.intake_waiting = True
         return False
@@ -100,9 +100,9 @@ class Outbox:
         self.counters.refused += 1
         if down is not None:
             raise BrokerUnavailable(f"{down}: publish refused, try again shortly")
-        if len(self.entries) + messages > self.messages:
+        if len(self) + messages > self.messages:
             raise BrokerUnavailable(
-                f"{len(self.entries)} publishes wait to be sent to Redis, the most this node "
+                f"{len(self)} publishes wait to be sent to Redis, the most this node "
                 f"keeps (outbox_messages={self.messages}): try again shortly"
             )
         raise BrokerUnavailable(

@@ -42,8 +42,11 @@ def end_if_cancelled() -> None:
 class Reach:
     """Whether Redis answered the latest call of any part of this node."""
 
-    def __init__(self, counters: BrokerStats) -> None:
+    def __init__(self, counters: BrokerStats, what: str = "Redis") -> None:
+        """``what``: the Redis this reach is of, as the log names it (a Redis Cluster's
+        broker keeps one per partition)."""
         self.counters = counters
+        self.what = what
         self.up = True
         """Whether Redis answered the latest call of any part of this node: publishes and
         items are refused while it did not."""
@@ -56,9 +59,9 @@ class Reach:
         """A call of ``who`` found Redis away, or refusing writes (``REFUSING``): publishes
         and items are refused until any call gets through."""
         if isinstance(exc, REFUSING):
-            self.reason = f"Redis refuses writes ({exc})"
+            self.reason = f"{self.what} refuses writes ({exc})"
         else:
-            self.reason = f"Redis is unreachable ({exc or type(exc).__name__})"
+            self.reason = f"{self.what} is unreachable ({exc or type(exc).__name__})"
         if self.up:
             self.up = False
             self.counters.outages += 1
@@ -70,7 +73,7 @@ class Reach:
         if not self.up:
             self.up = True
             self.reason = None
-            log.warning("Redis answers again: publishes taken")
+            log.warning("%s answers again: publishes taken", self.what)
         answered, self._answered = self._answered, asyncio.Event()
         answered.set()
 

@@ -50,14 +50,15 @@ class Tells:
 
     def __init__(
         self,
-        prefix: str,
         node: str,
+        channel_of: Callable[[str], str],
         client: Callable[[], Redis],
         unavailable: Callable[[], str | None],
     ) -> None:
-        """``client()``: the broker's Redis client, whose pool this shares; ``unavailable()``:
-        why the broker takes nothing now (Redis away, or refusing writes), or None."""
-        self.prefix = prefix
+        """``channel_of(node)``: the channel a node listens on; ``client()``: the broker's
+        Redis client, whose pool this shares; ``unavailable()``: why the broker takes nothing
+        now (Redis away, or refusing writes), or None."""
+        self.channel_of = channel_of
         self.node = node
         self._client = client
         self._unavailable = unavailable
@@ -97,15 +98,15 @@ class Tells:
         owners: list[tuple[str, str]] = []
         for (node, op), bodies in batch.items():
             head = orjson.dumps({"op": op, "from": self.node, "t": 1}) + b"\n"
-            channel = self.prefix + "n:" + node
+            channel = self.channel_of(node)
             for chunk in _chunks(bodies):
-                commands.append(("PUBLISH", channel, head + chunk))
+                commands.append((self.PUBLISH, channel, head + chunk))
                 owners.append((node, op))
         down = self._unavailable()
         try:
             if down is not None:  # known away: not a wait for a connection that ends in error
                 raise ConnectionError(down)
-            receivers = await self._publish(commands)
+            receivers = await self._publish(commands, [node for node, _ in owners])
         except asyncio.CancelledError:
             self._lost(batch, gone=False)
             raise
@@ -119,7 +120,12 @@ class Tells:
         for node, op in gone:
             self._report(node, op, gone=True)
 
-    async def _publish(self, commands: list[tuple[Any, ...]]) -> list[int]:
+    PUBLISH = "PUBLISH"
+    """The command a message goes out with (a Redis Cluster's subclass: ``SPUBLISH``)."""
+
+    async def _publish(self, commands: list[tuple[Any, ...]], nodes: list[str]) -> list[int]:
+        """Send ``commands`` (each to the channel of the node at its place in ``nodes``) in one
+        pipeline; the receivers of each."""
         pool: Any = self._client().connection_pool  # a pool.Pool: get_connection untyped
         conn = await pool.get_connection()
         try:

@@ -1,4 +1,11 @@
-"""rubris on a Redis Cluster: the layer the broker stands on there.
+"""rubris on a Redis Cluster.
+
+- ``broker.py``: ``RedisClusterBroker``, ``RedisBroker``'s topics spread over the masters by
+  partition, each partition's publishes in a lane of their own (``lanes.py``) so that a master
+  away holds back its own topics only; ``nodes.py``: ``ClusterNodeLink``, requests and one-way
+  messages between nodes on channels in their names' partitions;
+
+and the layer they stand on:
 
 - ``partitions.py``: the key space cut into partitions, each a hash tag, so that each
   partition's keys and channels live on one master and one script can change them (sans-IO);
@@ -22,6 +29,7 @@ from importlib import import_module as _import_module
 if _typing.TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .address import ClusterTarget, cluster_url, is_cluster_url
     from .answers import SlotsRefused
+    from .broker import RedisClusterBroker
     from .client import ShardedClient, ShardStats
     from .partitions import PARTITIONS, key_slot, partition_of, prefix, slot_of_partition, tag
     from .pipeline import PartitionPipeline
@@ -38,6 +46,7 @@ _HOME = {
     "ShardStats": ".client",
     "ShardedClient": ".client",
     "ShardedSubscriber": ".pubsub",
+    "RedisClusterBroker": ".broker",
     "SlotMap": ".slotmap",
     "SlotsRefused": ".answers",
     "cluster_url": ".address",
@@ -55,6 +64,7 @@ __all__ = [
     "PARTITIONS",
     "PartitionPipeline",
     "Redirect",
+    "RedisClusterBroker",
     "Script",
     "ShardStats",
     "ShardedClient",

@@ -245,6 +245,7 @@ def test_a_channel_past_its_max_topics_refuses_only_its_own_new_topics() -> None
     e.topic_of("t.d", ch[0])  # room again once they were retired
 
 
+@pytest.mark.slow  # seconds of timeouts waited out: the full suite's, not the inner loop's
 async def test_topics_a_client_made_are_gone_after_it_leaves() -> None:
     rubris = chat_app(timing=Timing(session_timeout=1.0))
     async with run_server(app_of(rubris)) as base:
@@ -399,6 +400,7 @@ def test_the_budget_refills_at_its_rate_up_to_its_burst() -> None:
     assert b.level == 500  # never more than the burst
 
 
+@pytest.mark.slow  # seconds of timeouts waited out: the full suite's, not the inner loop's
 async def test_a_client_inflating_past_its_budget_is_slowed_to_it() -> None:
     rate = 1024 * 1024
     rubris = chat_app(limits=Limits(inbound_rate=rate))

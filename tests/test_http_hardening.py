@@ -459,6 +459,7 @@ async def test_a_refused_body_dribbled_on_does_not_keep_the_connection(http: str
         writer.close()
 
 
+@pytest.mark.slow  # seconds of timeouts waited out: the full suite's, not the inner loop's
 @pytest.mark.parametrize("http", PARSERS)
 async def test_requests_and_websockets_outlive_the_head_deadline(http: str) -> None:
     rubris = make(FAST, api_token=TOKEN)

@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 import orjson
+import pytest
 
 from rubris_asgi import Limits, Timing
 from rubris_asgi.protocol import (
@@ -130,6 +131,7 @@ async def test_errors_are_plain_http() -> None:
             assert r.status_code == 400
 
 
+@pytest.mark.slow  # seconds of timeouts waited out: the full suite's, not the inner loop's
 async def test_session_ends_after_the_session_timeout_without_polls() -> None:
     rubris = make_rubris(timing=Timing(poll_timeout=0.2, session_timeout=0.5))
     async with run_server(starlette_app(rubris)) as base:

@@ -195,6 +195,7 @@ async def test_enqueue_many_outcome_unknown_lists_the_values() -> None:
             assert (lost.value.topic, lost.value.value) == ("jobs.u", [1, 2, 3])
 
 
+@pytest.mark.slow  # seconds of timeouts waited out: the full suite's, not the inner loop's
 @pytest.mark.parametrize("end", ["close", "drop"])
 async def test_a_publish_still_in_the_outbox_is_not_unknown(end: str) -> None:
     """Long-poll sends one POST at a time: while the server works on the first (its handling

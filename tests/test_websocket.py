@@ -127,6 +127,7 @@ async def test_unknown_resume_token_gets_a_new_session() -> None:
             assert isinstance(welcome, Welcome) and not welcome.resumed
 
 
+@pytest.mark.slow  # seconds of timeouts waited out: the full suite's, not the inner loop's
 async def test_a_silent_client_is_closed_after_twice_the_heartbeat_and_can_resume() -> None:
     from rubris_asgi import Timing
 

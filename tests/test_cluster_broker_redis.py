@@ -248,8 +248,8 @@ def test_batches_by_default_on_a_cluster_are_refused_saying_what_to_do() -> None
 
 
 async def test_a_master_away_stops_only_its_own_topics(cluster: RedisCluster, url: str) -> None:
-    """One master of 3 killed for 4 s: the topics of the others keep being published and heard
-    within a second all along; the dead one's are refused once its lane found it away (those
+    """One master of 3 killed for 6 s: the topics of the others keep being published and heard
+    at once all along; the dead one's are refused once its lane found it away (those
     accepted before wait); once it is back, every accepted publish is heard, once, in order."""
     async with nodes(url) as [(a, _), (_, base_b)]:
         async with Client(base_b + "/rubris") as cb:
@@ -277,20 +277,23 @@ async def test_a_master_away_stops_only_its_own_topics(cluster: RedisCluster, ur
 
             await asyncio.to_thread(cluster.kill, down.port)
             try:
-                for i in range(40):  # 4 s
+                lag = 0  # rounds the live masters' topics were behind at most
+                for i in range(60):  # 6 s, past cluster-node-timeout (2 s) and then some
                     publish_all(i)
                     await asyncio.sleep(0.1)
-                    if i >= 10:  # the live masters' topics stay within a second
-                        for t in TOPICS:
-                            if t not in on_down:
-                                assert hb.values[t][-1:] == [i - 10] or (
-                                    hb.values[t] and hb.values[t][-1] > i - 10
-                                ), (t, hb.values[t][-3:], i)
+                    for t in TOPICS:
+                        if t not in on_down:
+                            heard = hb.values[t][-1] if hb.values[t] else -1
+                            lag = max(lag, i - heard)
             finally:
                 await asyncio.to_thread(cluster.start, down.port)
+            # a stall of the live masters (two masters: the survivor stops serving once it
+            # misses the majority) shows as rounds behind for the rest of the outage, 30+
+            # here; the bound leaves a loaded machine 2.5 s where 0.1 s is the rule
+            assert lag <= 25, lag
             await asyncio.to_thread(cluster.wait_ok)
             assert refused > 0  # the dead master's topics were refused, saying so
-            for i in range(40, 45):
+            for i in range(60, 65):
                 publish_all(i)
             total = sum(len(v) for v in sent.values())
             await until(lambda: hb.count() >= total, "every accepted publish heard", 20.0)

@@ -234,17 +234,21 @@ def control_routes(publisher: Publishing, figures: Callable[[], dict[str, Any]])
 
 
 def build(
-    topics: int, ring: int, pad: int, publisher_cls: type[Publisher] = Publisher
+    topics: int,
+    ring: int,
+    pad: int,
+    publisher_cls: type[Publisher] = Publisher,
+    batches: bool = True,
 ) -> tuple[Starlette, Rubris, Publisher]:
     """The app, its Rubris and its publisher; ``publisher_cls`` lets a bench publish its own way
-    (bench/_scaleout_server.py)."""
+    (bench/_scaleout_server.py); ``batches=False`` for a Redis Cluster, which keeps none yet."""
     # heartbeat: the load's clients PING at half of it; long enough that a 5,000-client case
     # sends few PINGs while it measures
     timing = Timing(heartbeat=60.0)
     # every client of the load comes from 127.0.0.1: the cap on anonymous sessions per address
     # (1,000, against one client taking what all share) would refuse the rest
     limits = Limits(max_sessions_per_address=1_000_000)
-    rubris = Rubris(Config(timing=timing, limits=limits), compress_at=None)
+    rubris = Rubris(Config(timing=timing, limits=limits), compress_at=None, batches=batches)
 
     kind: dict[str, Any] = {"snapshot": True} if ring == 0 else {"ring": ring}
 

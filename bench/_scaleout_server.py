@@ -116,8 +116,8 @@ class NodePublisher(Publisher):
         }
 
 
-def make_app(topics: int, ring: int, pad: int) -> Starlette:
-    app, _, publisher = build(topics, ring, pad, NodePublisher)
+def make_app(topics: int, ring: int, pad: int, batches: bool = True) -> Starlette:
+    app, _, publisher = build(topics, ring, pad, NodePublisher, batches)
     assert isinstance(publisher, NodePublisher)
 
     async def rounds(request: Request) -> Response:
@@ -135,13 +135,21 @@ def make_app(topics: int, ring: int, pad: int) -> Starlette:
 def main() -> None:
     ap = server_args(__doc__ or "")
     ap.add_argument("--redis", default="", help=f"share topics through this Redis (sets {ENV})")
+    ap.add_argument(
+        "--no-batches",
+        action="store_true",
+        help="Rubris(batches=False): a Redis Cluster keeps no batches yet",
+    )
     args = ap.parse_args()
     if args.redis:
         os.environ[ENV] = args.redis
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     raise_nofile()
-    serve(functools.partial(make_app, args.topics, args.ring, args.pad), "uvicorn")
+    serve(
+        functools.partial(make_app, args.topics, args.ring, args.pad, not args.no_batches),
+        "uvicorn",
+    )
 
 
 if __name__ == "__main__":

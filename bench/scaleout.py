@@ -1,5 +1,6 @@
 """Scale-out benchmark: one node alone, one node through Redis, two nodes through Redis,
-sessions carried by another node; then sessions moved under load.
+sessions carried by another node; then sessions moved under load, and topics spread over the
+masters of a Redis Cluster.
 
 Not a test. bench/fanout.py's method (real sockets on 127.0.0.1, the clients in this process,
 publish-to-receive latency from a CLOCK_MONOTONIC stamp in each payload, cross-client skew,
@@ -91,6 +92,42 @@ Then **settle** (``--no-settle`` skips it, about 15 s): its own Redis and two no
 clients of node A under a steady load of 50,000 deliveries/s, all moved to node B at once; the
 seconds until every client has read a message at most 100 ms old again.
 
+Then **shards** (``--no-shards`` skips it, about a minute; ``--quick`` 30-40 s): what Redis's CPU
+buys when the topics are spread over the masters of a Redis Cluster (RedisClusterBroker, chosen by a
+``redis+cluster://`` ``RUBRIS_REDIS_URL``). Two clusters (tests/clusterkit.py, no persistence), one
+of 1 master and one of 2, up at once, each with its own two nodes (bench/_scaleout_server.py's,
+``--no-batches``: a cluster does not keep them yet) and 100
+clients: 1,000 ring topics (ring 64; 15 or 16 in each of the 64 partitions), each node publishing
+half the rate one message at a time, topic after topic (``spread``), every topic followed by one
+client of one node (node A's clients the first 500, node B's the rest: half of each node's publishes
+reach the other through Redis). Each window drives both clusters at once, alternately (``--repeat``
+of each, the order turned each time):
+
+    scaled  the 1 master at ``--shards-rate`` (800) publishes/s, the 2 masters at twice it:
+            every master numbers the same rate. Its ratio is the headline
+    equal   both at 800/s: each of the 2 masters numbers half what the 1 does
+
+Per master, over the window: its CPU (every thread, schedstat), the publishes it numbered (its
+``SPUBLISH`` calls in ``INFO commandstats``: one per publish the script numbers; its share of the
+topics by their partitions is printed beside it), its script calls and their time; per configuration
+the p50/p99 from publish to delivery, the nodes' CPU and their broker's refused publishes, outages
+and catch-ups. Why both at once rather than one after the other, and why ``scaled`` for the
+headline: at these rates (about a script call per publish) a master's CPU per publish depends on how
+busy it and its core are (measured, one master: 36 us at 2,000/s, 48 us at 1,000/s; 42 to 68 us at
+1,500/s minutes apart), so each master is measured at the same moment, on the same core, as the one
+it is compared with, and at the same rate: publishes per CPU-second is a capacity, compared where
+each master works alike. At the same total rate each of the 2 masters has half the work, and a Redis
+this far from busy spends more on each call when it has fewer (``equal``, printed beside it: 1.8-2.0
+where ``scaled`` gives 2.2). Above 2 means no measurable cost of sharding per publish, not more than
+twice: at the same rate each of the 2 masters spends a little less per publish than the 1 (44
+against 48 us), not for holding half the topics (1,000 or 500 on one master cost the same, measured)
+but, it seems, for sharing core 1 with its twin, whose calls come from the same nodes at the same
+moments (with the twin moved to core 0 the gap fell from ~9 % to ~4 %). The first window is not
+measured and lasts until the nodes' first check of every followed topic's position (5 s after they
+start, then every 60 s: the topics' live messages wait meanwhile for their history to be read) is
+behind them. Cores: the 4 nodes on core 0 (about 75 % of it in the ``scaled`` windows), the 3
+masters (every thread) and the load on core 1.
+
 The headline figures:
 
     redis_cpu_overhead_pct  redis1's server CPU per delivery / local's, - 1, in %, at the fixed
@@ -115,14 +152,21 @@ The headline figures:
     queue_redis_vs_local    bench/queues_redis.py's figure, from its run here (``--no-queues``
                             skips it): work-queue items/s end to end with the queue in Redis
                             over the same node's alone, alternated (target >= 0.8)
+    redis_shards_2_vs_1     the shards run: publishes per Redis CPU-second, each master's own
+                            added, of the 2 masters over the 1 master's, in its ``scaled``
+                            windows (each of the 3 masters numbering the same rate, the p99s
+                            printed to show they are the same), the median over the windows
+                            (target >= 1.8)
+    max_shard_share         the shards run: the larger of the 2 masters' shares of the
+                            publishes in those windows, the median (target <= 0.6)
 
-    python3 bench/scaleout.py            # about 5 minutes (at most ~7)
-    python3 bench/scaleout.py --quick    # 2 windows each, shorter: about a minute
+    python3 bench/scaleout.py            # about 6 minutes (at most ~8)
+    python3 bench/scaleout.py --quick    # 2 windows each, shorter: about a minute and a half
     python3 bench/scaleout.py --configs local,redis1 --phases fixed --rate 40000
 
 The last lines are one JSON object with every window's figures, then
 ``redis_cpu_overhead_pct=X two_workers_vs_one=R carried_vs_local_per_cpu=C settle_1000_s=S
-queue_redis_vs_local=Q``.
+queue_redis_vs_local=Q redis_shards_2_vs_1=H max_shard_share=M`` (``nan`` for a run skipped).
 """
 
 from __future__ import annotations
@@ -138,16 +182,25 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import uvloop
+from redis.asyncio import Redis as AsyncRedis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _fanout_load import Client, Recorder, close_clients, open_clients, pinger  # noqa: E402
+from _fanout_load import (  # noqa: E402
+    Client,
+    Recorder,
+    close_clients,
+    open_client,
+    open_clients,
+    pinger,
+)
 from _scaleout_moves import move, settled  # noqa: E402
 from fanout import (  # noqa: E402
     LOAD_CORE,
@@ -171,6 +224,13 @@ from fanout import (  # noqa: E402
 from queues_redis import measure as measure_queues  # noqa: E402
 from queues_redis import parser as queues_parser  # noqa: E402
 
+from rubris_asgi.cluster.redis.shards.partitions import (  # noqa: E402
+    PARTITIONS,
+    partition_of,
+    slot_of_partition,
+)
+from rubris_asgi.server.runtime import BROKER_SWEEP  # noqa: E402
+from tests.clusterkit import HOST, RedisCluster  # noqa: E402
 from tests.rediskit import RedisServer  # noqa: E402
 
 NODE = os.path.join(HERE, "_scaleout_server.py")
@@ -575,13 +635,24 @@ async def measure(
 ) -> dict[str, Any]:
     """One window of ``phase``, measured again (up to ``--noisy-retries`` times, within the
     budget) while other processes used our cores; of the attempts, the least disturbed."""
+    return await least_noisy(lambda: run_phase(cfg, phase, args), describe, args, budget)
+
+
+async def least_noisy(
+    window: Callable[[], Awaitable[dict[str, Any]]],
+    show: Callable[[dict[str, Any]], str],
+    args: argparse.Namespace,
+    budget: Budget,
+) -> dict[str, Any]:
+    """``window()`` after the cores idled, again while it was NOISY (``--noisy-retries``, within
+    the budget); each attempt printed with ``show``; the least disturbed returned."""
     attempts: list[dict[str, Any]] = []
     for attempt in range(1, args.noisy_retries + 2):
         await wait_quiet(args.quiet_wait)
-        r = await run_phase(cfg, phase, args)
+        r = await window()
         r["attempt"] = attempt
         attempts.append(r)
-        print(describe(r), flush=True)
+        print(show(r), flush=True)
         if not noisy(r):
             break
         if attempt > args.noisy_retries or not budget.may_retry():
@@ -845,6 +916,16 @@ def verdict(h: dict[str, Any], args: argparse.Namespace) -> list[str]:
             f"{fmt(h['two_workers_vs_one_measured'], '.2f')}x: {where}, and the load's one core "
             "bounds both maxima: not what two cores would serve",
         ]
+    shards = h.get("redis_shards_2_vs_1")
+    if shards is not None:
+        share = h["max_shard_share"]
+        scaled = "met" if shards >= SHARD_SCALE_TARGET else "NOT met"
+        even = "met" if share <= SHARD_SHARE_TARGET else "NOT met"
+        out.append(
+            f"Redis Cluster, 2 masters vs 1: {shards:.2f}x the publishes per Redis CPU-second "
+            f"(target >= {SHARD_SCALE_TARGET}: {scaled}), the busiest master {share:.1%} of "
+            f"them (target <= {SHARD_SHARE_TARGET:.0%}: {even}): the shards run, above"
+        )
     carried = h["carried_vs_local_per_cpu"]
     if carried is not None:
         out.append(
@@ -919,6 +1000,543 @@ async def settle(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
     return out
 
 
+# --------------------------------------------------------------------------- the shards run
+
+SHARDS_NODE = NODE
+SHARD_TOPICS = 1000
+"""Ring topics ``bench.0`` .. ``bench.999``: 15 or 16 in each of the 64 partitions."""
+SHARD_RING = 64
+SHARD_NODES = 2
+SHARD_TOPICS_PER_CLIENT = 10
+"""50 clients a node, 10 topics each: every topic has one subscriber, on one of the nodes."""
+SHARD_RATE = 800
+"""Publishes/s each master numbers in the windows that give ``redis_shards_2_vs_1``."""
+SHARD_SCALE_TARGET = 1.8
+SHARD_SHARE_TARGET = 0.6
+SHARD_P99_SPREAD = 2.0
+"""Two p99s within this factor of each other count as the same."""
+SHARD_BUDGET_S = (25.0, 60.0)
+"""The seconds the shards run's windows may take (--quick, full): NOISY ones are measured again
+only within it."""
+
+
+@dataclass
+class ShardMaster:
+    """One master of a configuration: where it listens, its process, its share of the topics."""
+
+    port: int
+    pid: int
+    topic_share: float
+    """Of the 1,000 topics, the fraction whose partition's slot it serves (partitions.py)."""
+    conn: AsyncRedis
+    """For ``INFO``: the publishes and script calls it ran, its connections."""
+
+
+@dataclass
+class Shards:
+    """One configuration of the shards run: a Redis Cluster of ``masters`` masters, its two
+    nodes and their clients."""
+
+    masters: int
+    redis: list[ShardMaster] = field(default_factory=list)
+    nodes: list[Server] = field(default_factory=list)
+    rec: Recorder = field(default_factory=lambda: Recorder(sample=1 << 30))
+    """Latency only (a skew sample every 2**30th seq: never)."""
+    clients: list[Client] = field(default_factory=list)
+    started_at: float = 0.0
+    """When its nodes answered first (time.monotonic())."""
+
+    @property
+    def name(self) -> str:
+        return "1 master" if self.masters == 1 else f"{self.masters} masters"
+
+    @property
+    def ports(self) -> list[int]:
+        return [n.port for n in self.nodes]
+
+    async def start(self, cluster: RedisCluster, args: argparse.Namespace, pin: bool) -> None:
+        """Its masters found (and pinned), then its nodes, then their clients."""
+        names = [f"bench.{i}" for i in range(SHARD_TOPICS)]
+        masters = cluster.masters()
+        served = [
+            next(m.port for m in masters if m.owns(slot_of_partition(partition_of(n))))
+            for n in names
+        ]
+        for m in masters:
+            conn = AsyncRedis(host=HOST, port=m.port)
+            # the kit keeps its processes to itself; Redis says which one it is
+            pid = int((await conn.info("server"))["process_id"])
+            self.redis.append(ShardMaster(m.port, pid, served.count(m.port) / len(names), conn))
+            if pin:
+                pin_threads(pid, LOAD_CORE)
+        url = "redis+cluster://" + ",".join(f"{HOST}:{p}" for p in cluster.ports)
+        for _ in range(SHARD_NODES):
+            argv = ["--topics", str(SHARD_TOPICS), "--ring", str(SHARD_RING), "--redis", url]
+            argv += ["--no-batches"]  # a Redis Cluster keeps no batches yet
+            argv += ["--cpu", str(SERVER_CORE)] if pin else []
+            self.nodes.append(Server(argv, pin=False, script=SHARDS_NODE))
+        await asyncio.gather(*(node.start() for node in self.nodes))
+        self.started_at = time.monotonic()
+        # each node's clients follow its half of the topics: every publish is heard by one
+        # node, half of each node's publishes by the other one, through Redis
+        half, k = SHARD_TOPICS // SHARD_NODES, SHARD_TOPICS_PER_CLIENT
+        for i, port in enumerate(self.ports):
+            mine = names[i * half : (i + 1) * half]
+            ws = f"ws://127.0.0.1:{port}/rubris/ws"
+            self.clients += await asyncio.gather(
+                *(
+                    open_client(ws, mine[j : j + k], self.rec, args.decode)
+                    for j in range(0, half, k)
+                )
+            )
+        stats = await asyncio.gather(*(http(p, "GET", "/control/stats?gc=1") for p in self.ports))
+        following = [s["publisher"]["broker"]["following"] for s in stats]
+        if following != [half] * SHARD_NODES:
+            raise RuntimeError(f"shards, {self.name}: the nodes follow {following} topics")
+
+    async def stop(self) -> None:
+        """Its clients closed, its nodes stopped (the cluster is its caller's to stop)."""
+        try:
+            await close_clients(self.clients)
+        finally:
+            await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
+            for n in self.nodes:
+                n.kill()
+            for m in self.redis:
+                await m.conn.aclose()
+
+
+def pin_threads(pid: int, core: int) -> None:
+    """Every thread of ``pid`` on ``core`` (setting a process's affinity moves its first thread
+    only, not the threads it started before: Redis's bio threads)."""
+    for task in glob.glob(f"/proc/{pid}/task/*"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(os.path.basename(task)), {core})
+
+
+async def redis_info(m: ShardMaster) -> dict[str, Any]:
+    """A master's ``INFO commandstats`` (each command's calls and microseconds), ``clients``
+    and ``stats`` (connections made) at once."""
+    info: dict[str, Any] = await m.conn.execute_command("INFO", "commandstats", "clients", "stats")
+    return info
+
+
+def cmdstat(info: dict[str, Any], command: str, key: str = "calls") -> int:
+    """One figure of ``INFO commandstats`` (0 for a command not run yet)."""
+    return int(info.get(f"cmdstat_{command}", {}).get(key, 0))
+
+
+async def shard_window(
+    runs: list[tuple[Shards, int]], warmup: float, measure: float
+) -> dict[str, Any]:
+    """Every configuration of ``runs`` at its rate (publishes/s: half from each of its nodes,
+    one message at a time, topic after topic) at once, ``measure`` seconds measured after
+    ``warmup``; the figures of each and the ratio of the second's to the first's."""
+    masters = [m for cfg, _ in runs for m in cfg.redis]
+    # each node's spread run: R rounds/s of one message to each topic, one at a time
+    starts = [(p, rate / len(cfg.ports) / SHARD_TOPICS) for cfg, rate in runs for p in cfg.ports]
+    ports = [p for p, _ in starts]
+    limit = 10 * (warmup + measure) + 30  # a safety net: stopped after the window
+    for cfg, _ in runs:
+        cfg.rec.reset()
+    try:
+        await asyncio.gather(
+            *(
+                http(p, "POST", f"/control/start?mode=spread&rate={r:.6f}&seconds={limit}")
+                for p, r in starts
+            )
+        )
+        await asyncio.sleep(warmup)
+        # INFO first at the start and last at the end: its own cost stays out of the CPU window
+        i0 = await asyncio.gather(*(redis_info(m) for m in masters))
+        r0 = [proc_cpu_s(m.pid) for m in masters]
+        s0 = await asyncio.gather(*(http(p, "GET", "/control/stats?mark=1") for p in ports))
+        c0, k0, t0 = load_cpu(), cpu_ticks(), time.monotonic_ns()
+        n0 = [cfg.rec.count for cfg, _ in runs]
+        for cfg, _ in runs:
+            cfg.rec.recording = True
+        await asyncio.sleep(measure)
+        for cfg, _ in runs:
+            cfg.rec.recording = False
+        t1, c1, k1 = time.monotonic_ns(), load_cpu(), cpu_ticks()
+        n1 = [cfg.rec.count for cfg, _ in runs]
+        r1 = [proc_cpu_s(m.pid) for m in masters]
+        i1 = await asyncio.gather(*(redis_info(m) for m in masters))
+        s1 = await asyncio.gather(*(http(p, "GET", "/control/stats") for p in ports))
+    finally:
+        await asyncio.gather(
+            *(http(p, "POST", "/control/stop") for p in ports), return_exceptions=True
+        )
+    await asyncio.gather(*(drain(cfg.rec) for cfg, _ in runs))
+
+    wall = (t1 - t0) / 1e9
+    figures = [
+        master_figures(m, a, b, y - x, wall)
+        for m, a, b, x, y in zip(masters, i0, i1, r0, r1, strict=True)
+    ]
+    nodes = [node_figures(a, b) for a, b in zip(s0, s1, strict=True)]
+    pubs = [(a["publisher"], b["publisher"]) for a, b in zip(s0, s1, strict=True)]
+    # masters, nodes and their answers in the order of ``runs``: each configuration's in turn
+    each_figures, each_node, each_pubs = iter(figures), iter(nodes), iter(pubs)
+    results = [
+        shard_figures(
+            cfg,
+            rate,
+            [next(each_figures) for _ in cfg.redis],
+            [next(each_node) for _ in cfg.nodes],
+            [next(each_pubs) for _ in cfg.nodes],
+            b - a,
+            wall,
+        )
+        for (cfg, rate), a, b in zip(runs, n0, n1, strict=True)
+    ]
+    load_pct = (c1 - c0) / wall * 100
+    machine = core_usage(k0, k1)
+    ours = {
+        SERVER_CORE: sum(r["node_cpu_pct"] for r in results),
+        LOAD_CORE: load_pct + sum(r["redis_cpu_pct"] for r in results),
+    }
+    other = {f"cpu{c}": machine.get(f"cpu{c}_busy_pct", 0.0) - used for c, used in ours.items()}
+    saturated = [c for c, used in ours.items() if machine.get(f"cpu{c}_busy_pct", 0.0) >= 90]
+    first, second = results[0]["per_cpu_s"], results[-1]["per_cpu_s"]
+    return {
+        "rates": [rate for _, rate in runs],
+        "configs": results,
+        # publishes per Redis CPU-second, the second configuration's over the first's
+        "ratio": round(second / first, 3) if first and second is not None else None,
+        "load_cpu_pct": round(load_pct, 1),
+        "saturated_cores": saturated,
+        "other_cpu_pct": {k: round(v, 1) for k, v in other.items()},
+        "machine": machine,
+        "window_s": round(wall, 3),
+    }
+
+
+def master_figures(
+    m: ShardMaster, a: dict[str, Any], b: dict[str, Any], cpu: float, wall: float
+) -> dict[str, Any]:
+    """One master's figures over a window: ``a`` and ``b`` its commandstats before and after,
+    ``cpu`` the CPU-seconds of its threads meanwhile."""
+    # every publish the script numbers is one SPUBLISH on its partition's master (nothing
+    # else here publishes on a sharded channel): counted by Redis over the window, where the
+    # publisher's turn through the topics, cut by the window, would be off by part of a round
+    published = cmdstat(b, "spublish") - cmdstat(a, "spublish")
+    calls = cmdstat(b, "evalsha") - cmdstat(a, "evalsha")
+    script_us = cmdstat(b, "evalsha", "usec") - cmdstat(a, "evalsha", "usec")
+    return {
+        "port": m.port,
+        "cpu_pct": round(cpu / wall * 100, 2),
+        "publishes": published,
+        "topic_share": round(m.topic_share, 3),
+        "script_calls": calls,
+        "publishes_per_call": round(published / calls, 2) if calls else None,
+        "cpu_us_per_publish": round(cpu / published * 1e6, 1) if published else None,
+        "script_us_per_call": round(script_us / calls, 1) if calls else None,
+        # what of its CPU went to running the scripts (the rest: reading the calls, writing
+        # the answers and the messages, waking up, its cron)
+        "script_cpu_share": round(script_us / 1e6 / cpu, 2) if cpu > 0 else None,
+        "per_cpu_s": round(published / cpu) if cpu > 0 else None,
+        # the nodes' connections to it, and how many it accepted in the window (a pool that
+        # does not keep its connections would show here)
+        "clients": b["connected_clients"],
+        "connections_opened": b["total_connections_received"] - a["total_connections_received"],
+    }
+
+
+def shard_figures(
+    cfg: Shards,
+    rate: int,
+    masters: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    pubs: list[tuple[dict[str, Any], dict[str, Any]]],
+    delivered: int,
+    wall: float,
+) -> dict[str, Any]:
+    """One configuration's figures over a window."""
+    total = sum(m["publishes"] for m in masters)
+    for m in masters:
+        m["share"] = round(m["publishes"] / total, 3) if total else None
+    # what went wrong on the way, on both nodes: publishes the broker refused, masters not
+    # answering, holes caught up from the history, topics numbered afresh
+    broker = {
+        key: sum(b["broker"][key] - a["broker"][key] for a, b in pubs)
+        for key in ("refused", "outages", "fetched", "restarted")
+    }
+    broker["pending_peak"] = max(b["broker"]["pending_peak"] for _, b in pubs)
+    per_cpu = [m["per_cpu_s"] for m in masters]
+    lat = sorted(cfg.rec.lat)
+    return {
+        "config": cfg.name,
+        "masters": cfg.masters,
+        "target_publishes_per_s": rate,
+        "publishes_per_s": round(sum(b["accepted"] - a["accepted"] for a, b in pubs) / wall),
+        "numbered_per_s": round(total / wall),
+        "delivered_per_s": round(delivered / wall),
+        "latency_p50_ms": ms(pct(lat, 0.50)),
+        "latency_p99_ms": ms(pct(lat, 0.99)),
+        "latency_max_ms": ms(pct(lat, 1.0)),
+        "gaps": cfg.rec.gaps,
+        "redis": masters,
+        "redis_cpu_pct": round(sum(m["cpu_pct"] for m in masters), 2),
+        # what the masters would number per CPU-second each, added: with a core each, the
+        # publishes the configuration's Redis would take at this rate a master
+        "per_cpu_s": None if None in per_cpu else sum(per_cpu),
+        "max_share": max((m["share"] or 0.0) for m in masters),
+        "nodes": [{"cpu_pct": n["cpu_pct"], "gc_ms": n["gc_ms"]} for n in nodes],
+        "node_cpu_pct": round(sum(n["cpu_pct"] for n in nodes), 1),
+        "broker": broker,
+        "refused": sum(b["refused"] - a["refused"] for a, b in pubs),
+    }
+
+
+def joined(values: list[Any], spec: str, sep: str = " + ") -> str:
+    return sep.join(fmt(v, spec) for v in values)
+
+
+def each_master(r: dict[str, Any], key: str, spec: str, sep: str = " + ") -> str:
+    """``key`` of every master of a configuration's window figures, joined."""
+    return joined([m[key] for m in r["redis"]], spec, sep)
+
+
+def describe_shards(w: dict[str, Any]) -> str:
+    """A window of the shards run: a line per configuration, then the ratio."""
+    lines = []
+    for r in w["configs"]:
+        line = (
+            f"shards  {r['config']:<9} @{r['target_publishes_per_s']:>5,}/s numbered "
+            f"{r['numbered_per_s']:>5,}/s delivered {r['delivered_per_s']:>5,}/s "
+            f"| latency p50 {fmt(r['latency_p50_ms'], '.2f')} p99 "
+            f"{fmt(r['latency_p99_ms'], '.2f')} ms | redis {each_master(r, 'cpu_pct', '.1f')} % "
+            f"CPU, {each_master(r, 'cpu_us_per_publish', '.1f')} us/publish, "
+            f"{each_master(r, 'publishes_per_call', '.2f')} publishes/call"
+            + (f", shares {each_master(r, 'share', '.2f', ' / ')}" if r["masters"] > 1 else "")
+            + f" | nodes {r['node_cpu_pct']:.0f}%"
+        )
+        trouble = {k: v for k, v in r["broker"].items() if k != "pending_peak" and v}
+        if r["refused"] or r["gaps"] or trouble:
+            line += f" | refused {r['refused']}, GAPs {r['gaps']}, broker {trouble}"
+        lines.append(line)
+    last = (
+        f"        publishes per Redis CPU-second {w['configs'][-1]['per_cpu_s'] or 0:,} / "
+        f"{w['configs'][0]['per_cpu_s'] or 0:,} = {fmt(w['ratio'], '.2f')} | load "
+        f"{w['load_cpu_pct']:.0f}%"
+    )
+    if w["saturated_cores"]:
+        last += f" | SATURATED: core {', '.join(map(str, w['saturated_cores']))}"
+    if noisy(w):
+        last += " | NOISY: other work on " + ", ".join(
+            f"{k} {v:.0f}%" for k, v in w["other_cpu_pct"].items() if v > NOISY_PCT
+        )
+    return "\n".join([*lines, last])
+
+
+async def measure_shards(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
+    """``redis_shards_2_vs_1`` and ``max_shard_share``: a Redis Cluster of one master and one
+    of two, up at once, each with its own two nodes and clients, driven at once."""
+    started = time.monotonic()
+    rate = args.shards_rate
+    one, two = Shards(1), Shards(2)
+    # each window drives both: every master at the same rate (the headline), or both
+    # configurations at the same total rate (each of the two masters then numbers half)
+    kinds = [[(one, rate), (two, 2 * rate)], [(one, rate), (two, rate)]]
+    windows: list[dict[str, Any]] = []
+    ping_task: asyncio.Task[None] | None = None
+    with contextlib.ExitStack() as stack:
+        # started one after the other, blocking (2 s each): a start under way in a thread
+        # could not be stopped by a Ctrl-C meanwhile, and would leave its servers behind
+        clusters = [
+            stack.enter_context(
+                RedisCluster(
+                    cfg.masters,
+                    appendonly=False,  # topics only: nothing here needs a restart's keys
+                    args=("--cluster-require-full-coverage", "no"),
+                )
+            )
+            for cfg in (one, two)
+        ]
+        try:
+            for cfg, cluster in zip((one, two), clusters, strict=True):
+                await cfg.start(cluster, args, pin)
+            LOAD_GC.collect()
+            gc.freeze()  # the clients are long-lived: keep them out of the load's gc passes
+            ping_task = asyncio.get_running_loop().create_task(pinger(one.clients + two.clients))
+            print(
+                f"shards: a Redis Cluster of 1 master and one of 2 (no persistence), each with "
+                f"{SHARD_NODES} nodes publishing to {SHARD_TOPICS:,} ring topics one message at "
+                f"a time and {len(one.clients)} clients, one subscriber a topic; both driven in "
+                "each window; "
+                + (
+                    f"the 4 nodes on core {SERVER_CORE}, the 3 masters and the load on core "
+                    f"{LOAD_CORE}"
+                    if pin
+                    else "not pinned"
+                ),
+                flush=True,
+            )
+            # unmeasured: a fresh node's first window costs it more; and BROKER_SWEEP seconds
+            # after it starts a node checks the position of every topic it follows (then once
+            # a minute), their live messages waiting meanwhile for their history to be read,
+            # which the first 5 s window would otherwise hold, weighed twelve times
+            ready = max(c.started_at for c in (one, two)) + BROKER_SWEEP + 1.0
+            await shard_window(kinds[0], max(0.5, ready - time.monotonic()), 1.0)
+            budget = Budget(SHARD_BUDGET_S[0 if args.quick else 1], args.repeat * len(kinds))
+            for rep in range(args.repeat):
+                k = rep % len(kinds)
+                for runs in kinds[k:] + kinds[:k]:
+                    w = await least_noisy(
+                        lambda runs=runs: shard_window(runs, args.warmup, args.measure),
+                        describe_shards,
+                        args,
+                        budget,
+                    )
+                    w["rep"] = rep + 1
+                    windows.append(w)
+        finally:
+            if ping_task is not None:
+                ping_task.cancel()
+            gc.unfreeze()
+            await asyncio.gather(one.stop(), two.stop(), return_exceptions=True)
+    out = shards_summary(windows, rate)
+    out["cores"] = {"nodes": SERVER_CORE, "masters_and_load": LOAD_CORE} if pin else None
+    out["duration_s"] = round(time.monotonic() - started, 1)
+    for line in shards_verdict(out):
+        print(line, flush=True)
+    return out
+
+
+def shards_summary(windows: list[dict[str, Any]], rate: int) -> dict[str, Any]:
+    """The shards run's figures: medians over the windows, each a ratio of two configurations
+    measured at the same time."""
+    scaled = [w for w in windows if w["rates"] == [rate, 2 * rate]]
+    equal = [w for w in windows if w["rates"] == [rate, rate]]
+
+    def config(ws: list[dict[str, Any]], i: int) -> dict[str, Any]:
+        """Configuration ``i`` of windows ``ws``: medians, each master's apart."""
+        rs = [w["configs"][i] for w in ws]
+
+        def med(key: str) -> float | None:
+            return median([r[key] for r in rs if r[key] is not None])
+
+        def each(key: str) -> list[float | None]:
+            masters = len(rs[0]["redis"]) if rs else 0
+            return [
+                median([r["redis"][j][key] for r in rs if r["redis"][j][key] is not None])
+                for j in range(masters)
+            ]
+
+        return {
+            "rate": rs[0]["target_publishes_per_s"] if rs else None,
+            "numbered_per_s": med("numbered_per_s"),
+            "latency_p50_ms": med("latency_p50_ms"),
+            "latency_p99_ms": med("latency_p99_ms"),
+            "per_cpu_s": med("per_cpu_s"),
+            "node_cpu_pct": med("node_cpu_pct"),
+            "redis_cpu_pct": each("cpu_pct"),
+            "cpu_us_per_publish": each("cpu_us_per_publish"),
+            "publishes_per_call": each("publishes_per_call"),
+            "script_us_per_call": each("script_us_per_call"),
+            "script_cpu_share": each("script_cpu_share"),
+            "share": each("share"),
+            "topic_share": each("topic_share"),
+            "refused": sum(r["refused"] for r in rs),
+            "gaps": sum(r["gaps"] for r in rs),
+            "broker": {
+                k: sum(r["broker"][k] for r in rs) for k in ("outages", "fetched", "restarted")
+            },
+        }
+
+    ratios = [w["ratio"] for w in scaled if w["ratio"] is not None]
+    at_equal = [w["ratio"] for w in equal if w["ratio"] is not None]
+    m_ratio = median(ratios)
+    share = median([w["configs"][1]["max_share"] for w in scaled])
+    one, two = config(scaled, 0), config(scaled, 1)
+    p99s = [one["latency_p99_ms"], two["latency_p99_ms"]]
+    return {
+        "topics": SHARD_TOPICS,
+        "partitions": PARTITIONS,
+        "nodes": SHARD_NODES,
+        "clients": SHARD_TOPICS // SHARD_TOPICS_PER_CLIENT,
+        "rate_per_master": rate,
+        "redis_shards_2_vs_1": rounded_or_none(m_ratio, 2),
+        "redis_shards_2_vs_1_windows": [round(x, 2) for x in ratios],
+        "redis_shards_2_vs_1_at_equal_rate": rounded_or_none(median(at_equal), 2),
+        "redis_shards_2_vs_1_at_equal_rate_windows": [round(x, 2) for x in at_equal],
+        "max_shard_share": rounded_or_none(share, 3),
+        "same_p99": None
+        if None in p99s or not min(p99s)
+        else max(p99s) / min(p99s) <= SHARD_P99_SPREAD,
+        "one_master": one,
+        "two_masters": two,
+        "equal_rate_one_master": config(equal, 0),
+        "equal_rate_two_masters": config(equal, 1),
+        "noisy_windows": sum(1 for w in windows if noisy(w)),
+        "windows": windows,
+    }
+
+
+def rounded_or_none(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def shards_verdict(h: dict[str, Any]) -> list[str]:
+    """The shards run's figures in words, against the issue's targets."""
+    rate = h["rate_per_master"]
+    out = [
+        f"shards: {h['topics']:,} ring topics over {h['partitions']} partitions, "
+        f"{h['nodes']} nodes publishing, {h['clients']} clients a configuration; medians of "
+        "the windows:"
+    ]
+    rows = (
+        ("scaled  1 master", h["one_master"]),
+        ("scaled  2 masters", h["two_masters"]),
+        ("equal   1 master", h["equal_rate_one_master"]),
+        ("equal   2 masters", h["equal_rate_two_masters"]),
+    )
+    for label, c in rows:
+        if c["per_cpu_s"] is None:
+            continue
+        out.append(
+            f"  {label:<17} @{c['rate']:>5,}/s p99 {fmt(c['latency_p99_ms'], '.2f')} ms, Redis "
+            f"CPU {joined(c['redis_cpu_pct'], '.1f')} %: {joined(c['cpu_us_per_publish'], '.1f')}"
+            f" us a publish ({joined(c['script_us_per_call'], '.1f')} us of it in the script, "
+            f"{joined(c['publishes_per_call'], '.2f')} publishes a call), "
+            f"{c['per_cpu_s']:,.0f} publishes per Redis CPU-second; nodes "
+            f"{c['node_cpu_pct']:.0f} %"
+        )
+    scale = h["redis_shards_2_vs_1"]
+    if scale is None:
+        return [*out, "redis_shards_2_vs_1: not measured"]
+    share = h["max_shard_share"]
+    out += [
+        f"redis_shards_2_vs_1 = {scale:.2f}, median of {h['redis_shards_2_vs_1_windows']}: "
+        f"publishes per Redis CPU-second summed over the 2 masters at {2 * rate:,}/s over the "
+        f"single master's at {rate:,}/s, measured at the same time (target >= "
+        f"{SHARD_SCALE_TARGET}: {'met' if scale >= SHARD_SCALE_TARGET else 'NOT met'})",
+        f"  at the same total rate ({rate:,}/s, each of the 2 masters numbering half what "
+        f"the 1 does): {fmt(h['redis_shards_2_vs_1_at_equal_rate'], '.2f')}, median of "
+        f"{h['redis_shards_2_vs_1_at_equal_rate_windows']}",
+        f"max_shard_share = {share:.3f} (the topics' partitions give "
+        f"{joined(h['two_masters']['topic_share'], '.3f', ' / ')}; target <= "
+        f"{SHARD_SHARE_TARGET}: {'met' if share <= SHARD_SHARE_TARGET else 'NOT met'})",
+        f"  p99 {fmt(h['one_master']['latency_p99_ms'], '.2f')} ms (1 master) and "
+        f"{fmt(h['two_masters']['latency_p99_ms'], '.2f')} ms (2 masters): "
+        + (
+            f"the same within {SHARD_P99_SPREAD:.0f}x"
+            if h["same_p99"]
+            else f"NOT the same (more than {SHARD_P99_SPREAD:.0f}x apart)"
+        ),
+    ]
+    trouble = [
+        f"{label} @{c['rate']:,}/s: {what} {n}"
+        for label, c in rows
+        for what, n in (("refused", c["refused"]), ("GAPs", c["gaps"]), *c["broker"].items())
+        if n
+    ]
+    if trouble:
+        out.append("  the nodes' broker: " + ", ".join(trouble))
+    return out
+
+
 async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
     started = time.monotonic()
     configs = [c for c in configurations(args.split) if c.name in args.configs.split(",")]
@@ -933,6 +1551,7 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
                     os.sched_setaffinity(c.redis.pid, {LOAD_CORE})
         await run(configs, args, pin)
     moves = None if args.no_settle else await settle(args, pin)
+    shards = None if args.no_shards else await measure_shards(args, pin)
     queues = None
     if not args.no_queues:  # bench/queues_redis.py's alternation (--quick: one round)
         print("--- queues: one node alone, then its queue in Redis", flush=True)
@@ -942,6 +1561,8 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
     head = headline(configs, args)
     head["settle_1000_s"] = None if moves is None else moves["settle_s"]
     head["queue_redis_vs_local"] = None if queues is None else queues["queue_redis_vs_local"]
+    for key in ("redis_shards_2_vs_1", "max_shard_share"):
+        head[key] = None if shards is None else shards[key]
     print(table(configs, head, args), flush=True)
     return {
         "bench": "scaleout",
@@ -961,6 +1582,7 @@ async def amain(args: argparse.Namespace, pin: bool) -> dict[str, Any]:
         "noisy_phases": sum(1 for c in configs for r in c.results if noisy(r)),
         "headline": head,
         "settle": moves,
+        "shards": shards,
         "queues": queues,
         "results": [r for c in configs for r in c.results],
     }
@@ -995,6 +1617,17 @@ def main() -> None:
     )
     ap.add_argument(
         "--no-settle", action="store_true", help="skip the settle measurement (about 15 s)"
+    )
+    ap.add_argument(
+        "--no-shards",
+        action="store_true",
+        help="skip the Redis Cluster run, 1 master against 2 (about a minute, --quick 30-40 s)",
+    )
+    ap.add_argument(
+        "--shards-rate",
+        type=int,
+        default=SHARD_RATE,
+        help="shards run: publishes/s each master numbers in the headline's windows",
     )
     ap.add_argument(
         "--no-queues",
@@ -1061,6 +1694,8 @@ def main() -> None:
                 kv("carried_vs_local_per_cpu", 2),
                 kv("settle_1000_s", 2),
                 kv("queue_redis_vs_local", 2),
+                kv("redis_shards_2_vs_1", 2),
+                kv("max_shard_share", 2),
             ]
         ),
         flush=True,

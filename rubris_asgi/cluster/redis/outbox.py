@@ -130,28 +130,38 @@ class Outbox:
                 self._wake.clear()
                 await self._wake.wait()
             batch = list(itertools.islice(outbox, BATCH))
-            try:
-                seqs = await send(batch, f"{node}:{next(self._batches)}")
-            except Exception as exc:  # a script error: a bug, never a reason to stop
-                end_if_cancelled()
-                log.exception("Redis refused a batch of %d publishes; they are dropped", len(batch))
-                seqs = [0] * len(batch)
-                for entry in batch:
-                    if entry.done is not None and not entry.done.done():
-                        entry.done.set_exception(BrokerUnavailable(f"Redis refused it: {exc}"))
+            seqs = await self.sent(batch, send(batch, f"{node}:{next(self._batches)}"))
             for _ in batch:
                 outbox.popleft()
-            for entry, seq in zip(batch, seqs, strict=True):
-                self.size -= entry.nbytes
-                if seq:
-                    self.counters.numbered += 1
-                if entry.done is not None and not entry.done.done():
-                    entry.done.set_result(int(seq))
-            if self.intake_waiting and self.room_for_taken(0):
-                self.intake_waiting = False
-                room_made()
+            self.numbered(batch, seqs, room_made)
             if not outbox:
                 self._emptied.set()
+
+    async def sent(self, batch: list[Entry], sending: Awaitable[list[int]]) -> list[int]:
+        """The seqs ``sending`` (``batch`` on its way) answers; all 0, and every waiter told,
+        when Redis refused the script (a bug, never a reason for the sender to stop)."""
+        try:
+            return await sending
+        except Exception as exc:
+            end_if_cancelled()
+            log.exception("Redis refused a batch of %d publishes; they are dropped", len(batch))
+            for entry in batch:
+                if entry.done is not None and not entry.done.done():
+                    entry.done.set_exception(BrokerUnavailable(f"Redis refused it: {exc}"))
+            return [0] * len(batch)
+
+    def numbered(self, batch: list[Entry], seqs: list[int], room_made: Callable[[], None]) -> None:
+        """``batch`` left the outbox with ``seqs``: its room freed, its waiters answered, and
+        ``room_made()`` when that made room for an intake that waits."""
+        for entry, seq in zip(batch, seqs, strict=True):
+            self.size -= entry.nbytes
+            if seq:
+                self.counters.numbered += 1
+            if entry.done is not None and not entry.done.done():
+                entry.done.set_result(int(seq))
+        if self.intake_waiting and self.room_for_taken(0):
+            self.intake_waiting = False
+            room_made()
 
     async def flush(self, timeout: float) -> None:
         """Wait at most ``timeout`` seconds for what waits to be sent."""

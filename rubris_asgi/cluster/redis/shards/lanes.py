@@ -117,27 +117,12 @@ class Lanes(Outbox):
             while entries:
                 end_if_cancelled()
                 batch = list(itertools.islice(entries, BATCH))
-                try:
-                    seqs = await send(p, batch, f"{self._node}:{next(self._batches)}", lane.reach)
-                except Exception as exc:  # a script error: a bug, never a reason to stop
-                    end_if_cancelled()
-                    log.exception("Redis refused a batch of %d publishes; dropped", len(batch))
-                    seqs = [0] * len(batch)
-                    for entry in batch:
-                        if entry.done is not None and not entry.done.done():
-                            entry.done.set_exception(BrokerUnavailable(f"Redis refused it: {exc}"))
+                batch_id = f"{self._node}:{next(self._batches)}"
+                seqs = await self.sent(batch, send(p, batch, batch_id, lane.reach))
                 for _ in batch:
                     entries.popleft()
-                for entry, seq in zip(batch, seqs, strict=True):
-                    self.size -= entry.nbytes
-                    self.count -= 1
-                    if seq:
-                        self.counters.numbered += 1
-                    if entry.done is not None and not entry.done.done():
-                        entry.done.set_result(int(seq))
-                if self.intake_waiting and self.room_for_taken(0):
-                    self.intake_waiting = False
-                    self._room_made()
+                self.count -= len(batch)
+                self.numbered(batch, seqs, self._room_made)
         finally:
             lane.task = None
             if not self.count:

@@ -9,9 +9,10 @@ up, renumbering after a loss), standing on shards/ instead of one Redis:
   the partition's prefix, with every key they touch declared (``topic_keys``): while the
   partition's slot moves, Redis runs a script only where all of them are (``ASK``, or
   ``TRYAGAIN`` while they are split), never where one would read as absent.
-- **Numbering.** A batch from the outbox is cut by partition; each part is one script call
-  on its partition's master, under the batch's id and the partition (so a part sent again
-  after a lost answer is answered from its first run), the parts of one batch at once.
+- **Numbering.** Each partition's publishes wait in a lane of their own (lanes.py), sent
+  batch by batch, each batch one script call on the partition's master retried under its id
+  until answered (a repeat is answered from the first run); a lane whose master is away
+  refuses its topics' new publishes while the other lanes go on.
 - **Hearing.** Each followed topic's channel is a sharded one (``SPUBLISH`` in the script,
   ``SSUBSCRIBE`` on a connection per master: ``ShardedSubscriber``). A channel that may have
   missed messages (its master's connection lost, its slot moved to another master) is held
@@ -20,8 +21,8 @@ up, renumbering after a loss), standing on shards/ instead of one Redis:
 - **Between nodes.** Each node's channel (requests, replies, one-way messages) lives in the
   partition of the node's name: ``ClusterNodeLink``.
 
-What a shard's loss costs, and what is not on a cluster yet, is in docs/operations.md
-("Several workers and hosts").
+What a master's loss costs, and what is not on a cluster yet, is in docs/operations.md
+("More than one Redis").
 """
 
 from __future__ import annotations

@@ -256,6 +256,15 @@ class RedisBroker(Broker):
             await self.queues.stop(flush)
         await self.outbox.flush(flush)
         await self.tables.stop(flush)
+        await self._end()
+        await self._close_pubsub()
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    async def _end(self) -> None:
+        """Stop every task; what was never numbered, and every follow still waiting, is
+        told so; the node link stops."""
         for task in (*self._tasks, *self._side):
             task.cancel()
         for task in (*self._tasks, *self._side):
@@ -269,10 +278,6 @@ class RedisBroker(Broker):
                 f.ready.set_exception(lost)
         self._following.clear()
         self.link.close()
-        await self._close_pubsub()
-        if self._redis is not None:
-            await self._redis.aclose()
-            self._redis = None
 
     @property
     def redis(self) -> aioredis.Redis:

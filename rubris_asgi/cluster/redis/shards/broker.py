@@ -28,7 +28,6 @@ What a master's loss costs, and what is not on a cluster yet, is in docs/operati
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -174,19 +173,7 @@ class RedisClusterBroker(RedisBroker):
     async def stop(self, flush: float = 5.0) -> None:
         await self.outbox.flush(flush)
         await self.lanes.stop()
-        for task in (*self._tasks, *self._side):
-            task.cancel()
-        for task in (*self._tasks, *self._side):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks = []
-        lost = BrokerUnavailable("the broker stopped before this publish was numbered")
-        self.outbox.fail_all(lost)
-        for f in self._following.values():
-            if f.ready is not None and not f.ready.done():
-                f.ready.set_exception(lost)
-        self._following.clear()
-        self.link.close()
+        await self._end()
         if self._subscriber is not None:
             await self._subscriber.close()
             self._subscriber = None
